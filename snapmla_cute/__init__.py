@@ -1,0 +1,14 @@
+"""snapmla-cute: SnapMLA FP8 MLA decoding for Hopper (SM90a), written in CuTe DSL.
+
+Public API (torch tensors on a CUDA device):
+
+* :class:`FP8KVCache` — one layer's FP8 paged KV cache (644 B/token).
+* :func:`quantize_q`, :func:`append_kv`, :func:`dequantize_kv` — the fused memory-bound kernels.
+* :mod:`snapmla_cute.reference` — the specification: exact decode and the bit-faithful emulation.
+"""
+
+from snapmla_cute.kv_cache import FP8KVCache
+from snapmla_cute.ops import append_kv, dequantize_kv, quantize_q
+
+__all__ = ["FP8KVCache", "quantize_q", "append_kv", "dequantize_kv"]
+__version__ = "0.1.0"

@@ -1,0 +1,69 @@
+"""``snapmla-cute``: command-line entry points (accuracy, compile, bench)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _accuracy(args):
+    from snapmla_cute.accuracy import accuracy_study, print_accuracy
+
+    rows = accuracy_study(
+        lengths=args.lengths, batch=args.batch, heads=args.heads, seed=args.seed, device=args.device
+    )
+    print_accuracy(rows, markdown=args.markdown)
+
+
+def _compile(args):
+    from snapmla_cute.compile_report import compile_report, print_report
+
+    rows = compile_report(arch=args.arch)
+    print_report(rows)
+    bad = [r for r in rows if r["local_ld"] or r["local_st"] or r["frame_bytes"]]
+    if bad:
+        print(f"local-memory traffic in: {', '.join(r['kernel'] for r in bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bench(args):
+    from snapmla_cute.bench import bench_fused, device_copy_tbps, print_table
+
+    name, tbps = device_copy_tbps()
+    print(f"device: {name}; copy bandwidth floor {tbps} TB/s")
+    print_table(bench_fused(tokens=args.tokens, page_size=args.page_size), json_path=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="snapmla-cute", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("accuracy", help="error vs float64 of SnapMLA and Table-2 Configs A-D (CPU)")
+    a.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    a.add_argument("--batch", type=int, default=2)
+    a.add_argument("--heads", type=int, default=16)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--device", default="cpu")
+    a.add_argument("--markdown", action="store_true", help="print a GitHub-markdown table")
+    a.set_defaults(func=_accuracy)
+
+    c = sub.add_parser("compile", help="compile every kernel (no GPU needed) and report SASS facts")
+    c.add_argument("--arch", default="sm_90a")
+    c.set_defaults(func=_compile)
+
+    b = sub.add_parser("bench", help="time the kernels on the GPU and print a table")
+    b.add_argument("--tokens", type=int, nargs="+", default=[1 << 16, 1 << 20, 1 << 22])
+    b.add_argument("--page-size", type=int, default=64)
+    b.add_argument("--json", help="also write the rows as JSON here")
+    b.set_defaults(func=_bench)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

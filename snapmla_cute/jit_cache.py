@@ -1,0 +1,127 @@
+"""Compile cache: one compiled object per (kernel, config, arch), never keyed by tensor values.
+
+Kernels are compiled against fake tensors (symbolic row counts, static strides), so one
+object serves every batch size, and compiling needs no GPU: with ``arch="sm_90a"`` this
+works on a CPU-only machine, which is how CI checks the generated code.
+Calls go through TVM-FFI with torch tensors directly (FP8 passes as uint8 views).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_lock = threading.Lock()
+_memory_cache: dict[tuple, Any] = {}
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    name: str
+    config: Any
+    arch: str
+    fn: Callable
+    artifacts: Any = field(default=None, compare=False, repr=False)
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def _fake_args(name: str):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
+
+    bf16, u8, f32, i64 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int64
+    n, slots = cute.sym_int(), cute.sym_int()
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+
+    def rows_in():  # bf16 [n, 576] split into its content and RoPE views
+        return (
+            make_fake_tensor(bf16, (n, CONTENT_DIM), (HEAD_DIM, 1), assumed_align=16),
+            make_fake_tensor(bf16, (n, ROPE_DIM), (HEAD_DIM, 1), assumed_align=16),
+        )
+
+    def cache():  # uint8 [S, 640] split into content bytes, bf16 RoPE, and fp32 scales
+        return (
+            make_fake_tensor(u8, (slots, CONTENT_DIM), (KV_ROW_BYTES, 1), assumed_align=16),
+            make_fake_tensor(bf16, (slots, ROPE_DIM), (KV_ROW_BYTES // 2, 1), assumed_align=16),
+            make_fake_tensor(f32, (slots,), (1,), assumed_align=4),
+        )
+
+    if name == "quant_q":
+        return (
+            *rows_in(),
+            make_fake_tensor(u8, (n, CONTENT_DIM), (CONTENT_DIM, 1), assumed_align=16),
+            make_fake_tensor(bf16, (n, ROPE_DIM), (ROPE_DIM, 1), assumed_align=16),
+            make_fake_tensor(f32, (n,), (1,), assumed_align=4),
+            stream,
+        )
+    if name == "append_kv":
+        return (*rows_in(), make_fake_tensor(i64, (n,), (1,), assumed_align=8), *cache(), stream)
+    if name == "dequant_kv":
+        return (*cache(), make_fake_tensor(i64, (n,), (1,), assumed_align=8), *rows_in(), stream)
+    raise KeyError(name)
+
+
+def _kernel_object(name: str, config):
+    if name == "quant_q":
+        from snapmla_cute.kernels.quant_q import QuantizeQKernel
+
+        return QuantizeQKernel(config)
+    if name == "append_kv":
+        from snapmla_cute.kernels.append_kv import AppendKVKernel
+
+        return AppendKVKernel(config)
+    if name == "dequant_kv":
+        from snapmla_cute.kernels.dequant_kv import DequantizeKVKernel
+
+        return DequantizeKVKernel(config)
+    raise KeyError(name)
+
+
+def default_config(name: str):
+    from snapmla_cute.kernels.append_kv import AppendKVConfig
+    from snapmla_cute.kernels.dequant_kv import DequantKVConfig
+    from snapmla_cute.kernels.quant_q import QuantQConfig
+
+    return {"quant_q": QuantQConfig, "append_kv": AppendKVConfig, "dequant_kv": DequantKVConfig}[
+        name
+    ]()
+
+
+KERNEL_NAMES = ("quant_q", "append_kv", "dequant_kv")
+
+
+def compile_kernel(name: str, config=None, *, arch: str | None = None, keep_sass: bool = False):
+    """Compiles (or returns the cached) kernel ``name`` for ``config``.
+
+    ``arch`` (e.g. ``"sm_90a"``) cross-compiles without a GPU; ``None`` targets the local GPU.
+    ``keep_sass`` keeps PTX, cubin and SASS on the returned object's ``artifacts``.
+    """
+    import cutlass.cute as cute
+
+    config = default_config(name) if config is None else config
+    arch = arch or os.environ.get("CUTE_DSL_ARCH") or ""
+    key = (name, config, arch, keep_sass)
+    with _lock:
+        hit = _memory_cache.get(key)
+        if hit is not None:
+            return hit
+        options = ["--enable-tvm-ffi"]
+        if arch:
+            options.append(f"--gpu-arch {arch}")
+        if keep_sass:
+            dump_dir = tempfile.mkdtemp(prefix=f"snapmla-{name}-")
+            options += ["--keep-ptx", "--keep-cubin", "--keep-sass", f"--dump-dir {dump_dir}"]
+        fn = cute.compile(_kernel_object(name, config), *_fake_args(name), options=" ".join(options))
+        compiled = CompiledKernel(
+            name, config, arch, fn, artifacts=fn.artifacts if keep_sass else None
+        )
+        _memory_cache[key] = compiled
+        return compiled

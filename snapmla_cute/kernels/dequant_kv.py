@@ -1,0 +1,85 @@
+"""Fused-Fetch-Dequant (SnapMLA §3.3.1): gather cache slots and dequantize them to bf16 in one pass.
+
+Cache  ``kv_content`` uint8 [S, 512], ``kv_rope`` bf16 [S, 64], ``kv_scale`` fp32 [S]
+Input  ``slots``      int64 [n]; -1 (or anything outside [0, S)) yields a zero row
+Output ``out``        bf16 [n, 576] as views content [n, 512] and RoPE [n, 64]:
+       bf16(e4m3 * scale) and bf16(rope * scale), each product one fp32 multiply.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Float8E4M3FN
+
+from snapmla_cute.kernels import rowquant
+
+
+@dataclass(frozen=True)
+class DequantKVConfig:
+    rows_per_cta: int = 8  # one warp per gathered token
+
+
+class DequantizeKVKernel:
+    def __init__(self, cfg: DequantKVConfig = DequantKVConfig()):
+        self.cfg = cfg
+
+    @cute.jit
+    def __call__(
+        self,
+        m_kv_content: cute.Tensor,
+        m_kv_rope: cute.Tensor,
+        m_kv_scale: cute.Tensor,
+        m_slots: cute.Tensor,
+        m_out_content: cute.Tensor,
+        m_out_rope: cute.Tensor,
+        stream,
+    ):
+        rows = self.cfg.rows_per_cta
+        self.kernel(m_kv_content, m_kv_rope, m_kv_scale, m_slots, m_out_content, m_out_rope).launch(
+            grid=[cute.ceil_div(m_out_content.shape[0], rows), 1, 1],
+            block=[rowquant.WARP * rows, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        m_kv_content: cute.Tensor,
+        m_kv_rope: cute.Tensor,
+        m_kv_scale: cute.Tensor,
+        m_slots: cute.Tensor,
+        m_out_content: cute.Tensor,
+        m_out_rope: cute.Tensor,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % rowquant.WARP
+        row = cutlass.Int64(bidx) * self.cfg.rows_per_cta + tidx // rowquant.WARP
+        if row < m_out_content.shape[0]:
+            slot = m_slots[row]
+            c_out = cute.make_rmem_tensor((rowquant.CONTENT_PER_LANE,), BFloat16)
+            r_out = cute.make_rmem_tensor((rowquant.ROPE_PER_LANE,), BFloat16)
+            c_out.fill(0.0)
+            r_out.fill(0.0)
+            if slot >= 0 and slot < m_kv_scale.shape[0]:
+                c_in = cute.make_rmem_tensor((rowquant.CONTENT_PER_LANE,), Float8E4M3FN)
+                r_in = cute.make_rmem_tensor((rowquant.ROPE_PER_LANE,), BFloat16)
+                cute.autovec_copy(
+                    cute.local_tile(m_kv_content[slot, None], (rowquant.CONTENT_PER_LANE,), (lane,)),
+                    cute.recast_tensor(c_in, cutlass.Uint8),
+                )
+                cute.autovec_copy(
+                    cute.local_tile(m_kv_rope[slot, None], (rowquant.ROPE_PER_LANE,), (lane,)),
+                    r_in,
+                )
+                scale = m_kv_scale[slot]
+                c_out.store((c_in.load().to(Float32) * scale).to(BFloat16))
+                r_out.store((r_in.load().to(Float32) * scale).to(BFloat16))
+            cute.autovec_copy(
+                c_out,
+                cute.local_tile(m_out_content[row, None], (rowquant.CONTENT_PER_LANE,), (lane,)),
+            )
+            cute.autovec_copy(
+                r_out, cute.local_tile(m_out_rope[row, None], (rowquant.ROPE_PER_LANE,), (lane,))
+            )

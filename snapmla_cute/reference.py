@@ -1,0 +1,401 @@
+"""The specification, in plain torch (CPU or GPU): exact MLA decode and SnapMLA's quantized math.
+
+Everything a GPU kernel of this project computes is defined here first, and GPU tests hold
+the kernels to it:
+
+* ``quantize_rows`` / ``dequantize_rows`` — RoPE-aware per-token FP8 quantization
+  (paper §3.1, Eq. 6): the exact bytes ``quantize_q``, ``append_kv`` and ``dequantize_kv``
+  must produce.
+* ``mla_decode_exact`` — paged MLA decode in float64 on unquantized inputs.
+* ``mla_decode_emulated`` — a bit-faithful emulation of SnapMLA's decode: FP8 QK with the
+  RoPE part in the pre-scaled domain, V-scale fusion P' = P·σ_k, per-row block-wise dynamic
+  P quantization and implicit dequantization through the online-softmax rescale factors
+  (App. B Eq. 13–14, App. C Algorithm 1). ``config`` selects the paper's Table-2
+  alternatives (A: RoPE-unaware per-token, B: per-tensor static 1.0, C: per-tensor dynamic,
+  D: per-block) for the accuracy study.
+
+Shapes: q ``[b, s_q, h, 576]``; paged cache ``[num_pages, page_size, 576]`` (unquantized) or
+the FP8 format (``kv`` uint8 ``[num_pages, page_size, 640]`` + ``kv_scale`` fp32
+``[num_pages, page_size]``); ``block_table`` int32 ``[b, max_pages]``; ``cache_seqlens`` int32
+``[b]``. Outputs: ``out [b, s_q, h, 512]``, ``lse [b, h, s_q]`` (natural log; ``-inf`` and a
+zero output for an empty sequence). With ``causal`` query ``i`` of ``s_q`` sees keys
+``< L - s_q + i + 1``.
+
+This module imports nothing of ours on purpose: it restates the format constants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+CONTENT_DIM = 512
+ROPE_DIM = 64
+HEAD_DIM = CONTENT_DIM + ROPE_DIM
+KV_ROW_BYTES = CONTENT_DIM + 2 * ROPE_DIM
+FP8_MAX = 448.0
+AMAX_FLOOR = 1e-6
+BLOCK_N = 64  # KV tokens per block: the PV tile along which P is quantized (§3.2.2 ii)
+LOG2E = math.log2(math.e)
+
+FP8 = torch.float8_e4m3fn
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """fp32 → e4m3 with round-to-nearest-even and saturation at ±448 (= cvt.rn.satfinite)."""
+    return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE-aware per-token quantization (§3.1, Eq. 6)
+# --------------------------------------------------------------------------------------------
+
+
+def row_scale(content: torch.Tensor) -> torch.Tensor:
+    """σ = max(amax(|content|), AMAX_FLOOR) / 448 in fp32, one per row."""
+    amax = content.float().abs().amax(dim=-1).clamp(min=AMAX_FLOOR)
+    # a true division: torch would turn "/ python_scalar" into a multiply by its reciprocal
+    return amax / torch.full_like(amax, FP8_MAX)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantizes ``[..., 576]`` rows: content → e4m3, RoPE → bf16 pre-divided, one fp32 scale.
+
+    The fused kernels run exactly these fp32 operations (one IEEE division for the scale,
+    one reciprocal, one multiply per element, then one rounding), so their bytes are equal::
+
+        σ     = max(amax|x_c|, 1e-6) / 448
+        inv   = 1 / σ
+        x_c8  = e4m3_rne_sat(x_c · inv)
+        x_r'  = bf16_rne(x_r · inv)          # Eq. 6: RoPE pre-divided by the content scale
+
+    Returns ``(content e4m3 [..., 512], rope bf16 [..., 64], scale fp32 [...])``.
+    """
+    if x.shape[-1] != HEAD_DIM:
+        raise ValueError(f"quantize_rows: expected last dim {HEAD_DIM}, got {x.shape[-1]}")
+    xf = x.float()
+    scale = row_scale(xf[..., :CONTENT_DIM])
+    inv = (1.0 / scale).unsqueeze(-1)
+    content = to_e4m3(xf[..., :CONTENT_DIM] * inv)
+    rope = (xf[..., CONTENT_DIM:] * inv).to(torch.bfloat16)
+    return content, rope, scale
+
+
+def dequantize_rows(content: torch.Tensor, rope: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``quantize_rows`` as ``dequantize_kv`` computes it: bf16(value · σ), fp32 product."""
+    s = scale.float().unsqueeze(-1)
+    return torch.cat(
+        [(content.float() * s).to(torch.bfloat16), (rope.float() * s).to(torch.bfloat16)], dim=-1
+    )
+
+
+def pack_kv_rows(content: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Packs e4m3 content ``[..., 512]`` and bf16 RoPE ``[..., 64]`` into 640-byte rows."""
+    return torch.cat(
+        [content.contiguous().view(torch.uint8), rope.contiguous().view(torch.uint8)], dim=-1
+    )
+
+
+def unpack_kv_rows(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Splits 640-byte rows into e4m3 content ``[..., 512]`` and bf16 RoPE ``[..., 64]``."""
+    if kv.dtype != torch.uint8 or kv.shape[-1] != KV_ROW_BYTES:
+        raise ValueError(f"unpack_kv_rows: expected uint8 [..., {KV_ROW_BYTES}], got {kv.dtype} {tuple(kv.shape)}")
+    content = kv[..., :CONTENT_DIM].contiguous().view(FP8)
+    rope = kv[..., CONTENT_DIM:].contiguous().view(torch.bfloat16)
+    return content, rope
+
+
+def quantize_kv_cache(k_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unquantized ``[P, page_size, 576]`` pages → FP8 cache ``(kv uint8 [P, ps, 640], kv_scale fp32 [P, ps])``."""
+    content, rope, scale = quantize_rows(k_pages)
+    return pack_kv_rows(content, rope), scale
+
+
+# --------------------------------------------------------------------------------------------
+# Exact decode (float64)
+# --------------------------------------------------------------------------------------------
+
+
+def _visible_lengths(L: int, s_q: int, causal: bool) -> list[int]:
+    """Keys visible to each of the s_q query tokens of a request with L cached tokens."""
+    if not causal:
+        return [L] * s_q
+    return [max(0, min(L, L - s_q + i + 1)) for i in range(s_q)]
+
+
+def _gather(pages: torch.Tensor, block_table: torch.Tensor, b: int, L: int) -> torch.Tensor:
+    """Tokens 0..L-1 of request b from a paged tensor ``[P, page_size, ...]``."""
+    page_size = pages.shape[1]
+    n_pages = (L + page_size - 1) // page_size
+    idx = block_table[b, :n_pages].long().to(pages.device)
+    return pages.index_select(0, idx).reshape(n_pages * page_size, *pages.shape[2:])[:L]
+
+
+def default_softmax_scale() -> float:
+    return HEAD_DIM**-0.5
+
+
+def mla_decode_exact(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact paged MLA decode in float64 on unquantized q ``[b,s_q,h,576]`` and K pages ``[P,ps,576]``.
+
+    V is the first 512 dims of K (absorbed MLA). Returns float64 ``out [b,s_q,h,512]`` and
+    ``lse [b,h,s_q]`` (natural log).
+    """
+    scale = default_softmax_scale() if softmax_scale is None else softmax_scale
+    b, s_q, h, _ = q.shape
+    out = torch.zeros(b, s_q, h, CONTENT_DIM, dtype=torch.float64, device=q.device)
+    lse = torch.full((b, h, s_q), -math.inf, dtype=torch.float64, device=q.device)
+    lens = cache_seqlens.tolist()
+    for bi in range(b):
+        L = int(lens[bi])
+        if L == 0:
+            continue
+        k = _gather(k_pages, block_table, bi, L).to(q.device, torch.float64)
+        for i, n_vis in enumerate(_visible_lengths(L, s_q, causal)):
+            if n_vis == 0:
+                continue
+            qi = q[bi, i].to(torch.float64)  # [h, 576]
+            s = (qi @ k[:n_vis].T) * scale  # [h, n_vis]
+            lse_i = torch.logsumexp(s, dim=-1)
+            out[bi, i] = torch.softmax(s, dim=-1) @ k[:n_vis, :CONTENT_DIM]
+            lse[bi, :, i] = lse_i
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------
+# Quantization configurations (Table 2)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How Q and the KV cache are quantized before the FP8 decode (paper Table 2)."""
+
+    name: str
+    kv: str  # "per_token" | "per_tensor_static" | "per_tensor_dynamic" | "per_block"
+    rope_aware: bool = True  # False: RoPE quantized to e4m3 with the content (Config A)
+    block: int = 64  # token and channel extent of a Config-D block
+
+
+SNAPMLA = QuantConfig("SnapMLA", "per_token")
+CONFIG_A = QuantConfig("A: RoPE-unaware per-token", "per_token", rope_aware=False)
+CONFIG_B = QuantConfig("B: per-tensor static (1.0)", "per_tensor_static")
+CONFIG_C = QuantConfig("C: per-tensor dynamic", "per_tensor_dynamic")
+CONFIG_D = QuantConfig("D: per-block 64x64", "per_block")
+CONFIGS = {"snapmla": SNAPMLA, "A": CONFIG_A, "B": CONFIG_B, "C": CONFIG_C, "D": CONFIG_D}
+
+
+@dataclass
+class _QuantizedK:
+    """One request's K/V in the form the decode consumes.
+
+    ``qk_codes``: values entering the QK GEMM (e4m3 content codes and RoPE in the scaled
+    domain) ``[L, 576]``; ``qk_scale``: per-token factor applied to the QK accumulator ``[L]``;
+    ``v_values``: values entering the PV GEMM ``[L, 512]``; ``v_scale``: per-token factor fused
+    into P (P' = P·σ_v) ``[L]``.
+    """
+
+    qk_codes: torch.Tensor
+    qk_scale: torch.Tensor
+    v_values: torch.Tensor
+    v_scale: torch.Tensor
+
+
+def _quantize_q(q: torch.Tensor, cfg: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """q ``[..., 576]`` → (codes ``[..., 576]`` as fp32 values, scale ``[...]``)."""
+    if cfg.rope_aware:
+        c, r, s = quantize_rows(q)
+        return torch.cat([c.float(), r.float()], dim=-1), s
+    s = row_scale(q)  # Config A: one e4m3 scale over all 576 dims
+    return to_e4m3(q.float() * (1.0 / s).unsqueeze(-1)).float(), s
+
+
+def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) -> _QuantizedK:
+    """Unquantized K ``[L, 576]`` of one request → ``_QuantizedK`` under ``cfg``."""
+    kf = k.float()
+    L = kf.shape[0]
+    ones = torch.ones(L, dtype=torch.float32, device=k.device)
+    if cfg.kv == "per_token" and cfg.rope_aware:
+        c, r, s = quantize_rows(kf)
+        return _QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
+    if cfg.kv == "per_token":  # Config A
+        s = row_scale(kf)
+        codes = to_e4m3(kf * (1.0 / s).unsqueeze(-1)).float()
+        return _QuantizedK(codes, s, codes[:, :CONTENT_DIM], s)
+    rope = kf[:, CONTENT_DIM:].to(torch.bfloat16).float()
+    if cfg.kv in ("per_tensor_static", "per_tensor_dynamic"):
+        if cfg.kv == "per_tensor_static":
+            s = torch.tensor(1.0)
+        else:
+            s = torch.tensor(max(tensor_amax, AMAX_FLOOR), dtype=torch.float32) / FP8_MAX
+        codes = to_e4m3(kf[:, :CONTENT_DIM] * (1.0 / s)).float()
+        # RoPE kept high precision; pre-divided by the (shared) scale as in Eq. 6
+        rope_codes = (rope / s).to(torch.bfloat16).float()
+        sv = ones * s
+        return _QuantizedK(torch.cat([codes, rope_codes], -1), sv, codes, sv)
+    if cfg.kv == "per_block":
+        # Content in (block tokens x block channels) tiles, each with its own scale. The scale
+        # varies along channels, so it cannot fold into the per-token QK/PV factors: QK uses
+        # the dequantized content, PV post-scales each 64-channel slice (exact per P block).
+        B = cfg.block
+        Lp = (L + B - 1) // B * B
+        c = torch.zeros(Lp, CONTENT_DIM, dtype=torch.float32, device=k.device)
+        c[:L] = kf[:, :CONTENT_DIM]
+        tiles = c.view(Lp // B, B, CONTENT_DIM // B, B)
+        s = tiles.abs().amax(dim=(1, 3), keepdim=True).clamp(min=AMAX_FLOOR) / FP8_MAX
+        deq = (to_e4m3(tiles * (1.0 / s)).float() * s).view(Lp, CONTENT_DIM)[:L]
+        return _QuantizedK(torch.cat([deq, rope], -1), ones, deq, ones)
+    raise ValueError(f"unknown KV quantization {cfg.kv!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Emulated SnapMLA decode (App. B, App. C Algorithm 1)
+# --------------------------------------------------------------------------------------------
+
+
+def _decode_one(
+    q_codes: torch.Tensor,
+    q_scale: torch.Tensor,
+    kq: _QuantizedK,
+    vis: torch.Tensor,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Algorithm 1 for R query rows against one request's L keys, all in fp32.
+
+    ``q_codes [R, 576]``, ``q_scale [R]``, ``vis [R]`` keys visible per row. Returns
+    ``out [R, 512]`` (fp32) and natural-log ``lse [R]``.
+    """
+    R, L = q_codes.shape[0], kq.qk_codes.shape[0]
+    dev = q_codes.device
+    # QK: FP8 content GEMM and BF16 RoPE GEMM into one fp32 accumulator (Eq. 6), then
+    # S·σ_q·σ_k·softmax_scale in the log2 domain.
+    acc = q_codes @ kq.qk_codes.T  # [R, L]
+    s2 = acc * q_scale[:, None] * kq.qk_scale[None, :] * torch.tensor(
+        softmax_scale * LOG2E, dtype=torch.float32
+    )
+    col = torch.arange(L, device=dev)
+    s2 = torch.where(col[None, :] < vis[:, None], s2, torch.tensor(-math.inf, device=dev))
+
+    m = torch.full((R,), -math.inf, dtype=torch.float32, device=dev)  # running max (log2)
+    ell = torch.zeros(R, dtype=torch.float32, device=dev)  # Σ P, in units of 1/σ_p
+    o = torch.zeros(R, CONTENT_DIM, dtype=torch.float32, device=dev)  # Σ P_q·V, units of 1/σ_p
+    sigma_p = torch.ones(R, dtype=torch.float32, device=dev)
+    for j0 in range(0, L, BLOCK_N):
+        blk = slice(j0, min(L, j0 + BLOCK_N))
+        s_blk = s2[:, blk]
+        m_new = torch.maximum(m, s_blk.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp2(s_blk - m_safe[:, None])  # Alg. 1 line 5 (masked → 0)
+        ell_cur = p.sum(dim=-1)
+        p_fused = p * kq.v_scale[None, blk]  # line 6: P' = P·σ_k (V-scale fusion)
+        p_max = p_fused.amax(dim=-1)
+        # line 7: σ_p = rowmax(P')/448; a row with nothing visible keeps its σ_p
+        has = p_max > 0
+        p_max_safe = torch.where(has, p_max, torch.ones_like(p_max))
+        inv_p = torch.where(has, torch.full_like(p_max, FP8_MAX) / p_max_safe, 1.0 / sigma_p)
+        sigma_cur = torch.where(has, p_max / torch.full_like(p_max, FP8_MAX), sigma_p)
+        p_q = to_e4m3(p_fused * inv_p[:, None]).float()
+        ell_cur = ell_cur * inv_p  # line 8: ℓ_cur / σ_p_cur
+        gamma = torch.exp2(m - m_safe) * sigma_p * inv_p  # line 9: exp(m - m_new)·σ_p/σ_p_cur
+        gamma = torch.where(torch.isinf(m), torch.zeros_like(gamma), gamma)
+        o = gamma[:, None] * o + p_q @ kq.v_values[blk]  # lines 10, 15: implicit dequant
+        ell = gamma * ell + ell_cur
+        m, sigma_p = m_new, sigma_cur
+    empty = ell == 0
+    out = torch.where(empty[:, None], torch.zeros_like(o), o / torch.where(empty, 1.0, ell)[:, None])
+    lse2 = m + torch.log2(sigma_p * torch.where(empty, 1.0, ell))  # line 14: L = m + log(σ_p ℓ)
+    lse = torch.where(empty, torch.tensor(-math.inf, device=dev), lse2 / LOG2E)
+    return out, lse
+
+
+def mla_decode_emulated(
+    q: torch.Tensor,
+    cache,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    config: QuantConfig | str = SNAPMLA,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bit-faithful emulation of SnapMLA's FP8 decode (fp32 math, e4m3 rounding as the GPU).
+
+    ``cache`` is either the FP8 cache ``(kv uint8 [P, ps, 640], kv_scale fp32 [P, ps])`` (only
+    with the SnapMLA config — exactly what the kernel reads) or unquantized pages
+    ``[P, ps, 576]``, quantized here under ``config``. ``q`` is bf16/fp32 ``[b, s_q, h, 576]``.
+    Returns fp32 ``out [b, s_q, h, 512]`` and ``lse [b, h, s_q]``.
+    """
+    cfg = CONFIGS[config] if isinstance(config, str) else config
+    scale = default_softmax_scale() if softmax_scale is None else softmax_scale
+    b, s_q, h, _ = q.shape
+    dev = q.device
+    out = torch.zeros(b, s_q, h, CONTENT_DIM, dtype=torch.float32, device=dev)
+    lse = torch.full((b, h, s_q), -math.inf, dtype=torch.float32, device=dev)
+    fp8_cache = isinstance(cache, (tuple, list))
+    if fp8_cache and cfg != SNAPMLA:
+        raise ValueError("an FP8 cache holds SnapMLA's format; pass unquantized pages for Configs A-D")
+    lens = [int(x) for x in cache_seqlens.tolist()]
+    tensor_amax = None
+    if not fp8_cache and cfg.kv == "per_tensor_dynamic":
+        tensor_amax = max(
+            (float(_gather(cache, block_table, bi, L)[:, :CONTENT_DIM].float().abs().max()) for bi, L in enumerate(lens) if L),
+            default=0.0,
+        )
+    q_codes, q_scale = _quantize_q(q, cfg)
+    for bi, L in enumerate(lens):
+        if L == 0:
+            continue
+        if fp8_cache:
+            kv, kv_scale = cache
+            content, rope = unpack_kv_rows(_gather(kv, block_table, bi, L).to(dev))
+            s_k = _gather(kv_scale, block_table, bi, L).to(dev).float()
+            kq = _QuantizedK(torch.cat([content.float(), rope.float()], -1), s_k, content.float(), s_k)
+        else:
+            kq = _quantize_k(_gather(cache, block_table, bi, L).to(dev), cfg, tensor_amax)
+        vis = torch.tensor(_visible_lengths(L, s_q, causal), device=dev).repeat_interleave(h)
+        o, l_ = _decode_one(
+            q_codes[bi].reshape(s_q * h, HEAD_DIM), q_scale[bi].reshape(s_q * h), kq, vis, scale
+        )
+        out[bi] = o.view(s_q, h, CONTENT_DIM)
+        lse[bi] = l_.view(s_q, h).T
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------
+# Error metrics (§4.3)
+# --------------------------------------------------------------------------------------------
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm().clamp(min=1e-300))
+
+
+def cos_diff(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """1 − 2Σxy / Σ(x² + y²): 0 for identical tensors, sensitive to scale as well as angle."""
+    x, ref = x.double(), ref.double()
+    denom = (x * x + ref * ref).sum()
+    return float(1 - 2 * (x * ref).sum() / denom) if denom > 0 else 0.0
+
+
+def rmse(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref.double()).pow(2).mean().sqrt())
+
+
+def lse_max_abs(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max |Δ| over finite entries; ±inf must match exactly (else inf)."""
+    x, ref = x.double(), ref.double()
+    fin = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(x), fin) or not torch.equal(x[~fin], ref[~fin]):
+        return math.inf
+    return float((x[fin] - ref[fin]).abs().max()) if fin.any() else 0.0
