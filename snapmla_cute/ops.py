@@ -29,10 +29,14 @@ def _check_tensor(name: str, t, dtype: torch.dtype, *, dim: int | None = None, l
         raise ValueError(f"{name}: expected {dim} dims, got shape {tuple(t.shape)}")
     if last is not None and (t.dim() == 0 or t.shape[-1] != last):
         raise ValueError(f"{name}: expected last dim {last}, got shape {tuple(t.shape)}")
-    if t.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+
+
+def _check_cuda(**tensors):
+    for name, t in tensors.items():
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
 
 
 def _check_same_device(**tensors):
@@ -66,6 +70,7 @@ def quantize_q(
     ``reference.quantize_rows``.
     """
     _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
+    _check_cuda(q=q)
     _check_finite("q", q, check)
     lead = q.shape[:-1]
     q_nope = torch.empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=q.device)
@@ -101,8 +106,7 @@ def append_kv(
         raise ValueError(
             f"slot_mapping: expected {kv.shape[0]} entries (one per kv row), got {slot_mapping.shape[0]}"
         )
-    if cache.device.type != "cuda":
-        raise ValueError(f"cache: expected a CUDA cache, got device {cache.device}")
+    _check_cuda(kv=kv, slot_mapping=slot_mapping, cache=cache.kv)
     _check_same_device(kv=kv, slot_mapping=slot_mapping, cache=cache.kv)
     _check_finite("kv", kv, check)
     _check_slots("slot_mapping", slot_mapping, cache.num_slots, check)
@@ -123,14 +127,14 @@ def dequantize_kv(
     if not isinstance(cache, FP8KVCache):
         raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
     _check_tensor("slots", slots, torch.int64, dim=1)
-    if cache.device.type != "cuda":
-        raise ValueError(f"cache: expected a CUDA cache, got device {cache.device}")
+    _check_cuda(slots=slots, cache=cache.kv)
     _check_same_device(slots=slots, cache=cache.kv)
     n = slots.shape[0]
     if out is None:
         out = torch.empty(n, HEAD_DIM, dtype=torch.bfloat16, device=slots.device)
     else:
         _check_tensor("out", out, torch.bfloat16, dim=2, last=HEAD_DIM)
+        _check_cuda(out=out)
         if out.shape[0] != n:
             raise ValueError(f"out: expected shape ({n}, {HEAD_DIM}), got {tuple(out.shape)}")
         _check_same_device(out=out, slots=slots)

@@ -129,6 +129,10 @@ def _gather(pages: torch.Tensor, block_table: torch.Tensor, b: int, L: int) -> t
     """Tokens 0..L-1 of request b from a paged tensor ``[P, page_size, ...]``."""
     page_size = pages.shape[1]
     n_pages = (L + page_size - 1) // page_size
+    if n_pages > block_table.shape[1]:
+        raise ValueError(
+            f"block_table: request {b} needs {n_pages} pages for {L} tokens, table has {block_table.shape[1]}"
+        )
     idx = block_table[b, :n_pages].long().to(pages.device)
     return pages.index_select(0, idx).reshape(n_pages * page_size, *pages.shape[2:])[:L]
 

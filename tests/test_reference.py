@@ -1,0 +1,195 @@
+"""CPU tests of the specification: quantization, exact decode, emulation, configs."""
+
+import math
+
+import pytest
+import torch
+
+from snapmla_cute import format as fmt
+from snapmla_cute import reference as ref
+from snapmla_cute.accuracy import make_inputs
+
+
+def test_reference_restates_the_format_constants():
+    for name in ("CONTENT_DIM", "ROPE_DIM", "HEAD_DIM", "KV_ROW_BYTES", "FP8_MAX", "AMAX_FLOOR"):
+        assert getattr(ref, name) == getattr(fmt, name), name
+
+
+def test_quantize_rows_matches_its_definition(seed):
+    x = (torch.randn(300, 576) * torch.logspace(-3, 3, 300)[:, None]).bfloat16()
+    c, r, s = ref.quantize_rows(x)
+    xf = x.float()
+    want_s = xf[:, :512].abs().amax(-1).clamp(min=1e-6) / 448.0
+    assert torch.equal(s, want_s)
+    inv = 1.0 / s
+    assert torch.equal(c.view(torch.uint8), (xf[:, :512] * inv[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.equal(r.view(torch.int16), (xf[:, 512:] * inv[:, None]).bfloat16().view(torch.int16))
+    # the largest content element lands on ±448 (the full e4m3 range is used)
+    assert torch.allclose(c.float().abs().amax(-1), torch.full((300,), 448.0))
+
+
+def test_quantize_rows_zero_and_extreme_rows_stay_finite():
+    x = torch.zeros(4, 576)
+    x[1, 512:] = 1e4  # zero content, large RoPE
+    x[2, :512] = 3e38
+    x[3, 0] = 1e-30
+    c, r, s = ref.quantize_rows(x.bfloat16())
+    assert torch.isfinite(s).all() and (s > 0).all()
+    assert torch.isfinite(c.float()).all() and torch.isfinite(r.float()).all()
+    assert s[0] == s[1] == s[3] == torch.tensor(1e-6) / 448.0
+
+
+def test_round_trip_and_packing(seed):
+    x = (torch.randn(64, 576) / 10).bfloat16()
+    c, r, s = ref.quantize_rows(x)
+    rows = ref.pack_kv_rows(c, r)
+    assert rows.dtype == torch.uint8 and rows.shape == (64, 640)
+    c2, r2 = ref.unpack_kv_rows(rows)
+    assert torch.equal(c2.view(torch.uint8), c.view(torch.uint8)) and torch.equal(r2, r)
+    back = ref.dequantize_rows(c2, r2, s)
+    assert ref.rel_l2(back[:, :512], x[:, :512]) < 0.04
+    assert ref.rel_l2(back[:, 512:], x[:, 512:]) < 0.005
+
+
+def _sdpa_reference(q, k_pages, bt, lens, scale, causal):
+    """Independent check of mla_decode_exact through torch's SDPA (float64)."""
+    b, s_q, h, _ = q.shape
+    outs = torch.zeros(b, s_q, h, 512, dtype=torch.float64)
+    for bi in range(b):
+        L = int(lens[bi])
+        if L == 0:
+            continue
+        ps = k_pages.shape[1]
+        k = k_pages[bt[bi, : (L + ps - 1) // ps].long()].reshape(-1, 576)[:L].double()
+        mask = torch.ones(s_q, L, dtype=torch.bool)
+        if causal:
+            mask = torch.arange(L)[None, :] < (L - s_q + torch.arange(s_q) + 1)[:, None]
+        qq = q[bi].double().transpose(0, 1)  # [h, s_q, 576]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qq, k[None].expand(h, L, 576), k[None, :, :512].expand(h, L, 512), attn_mask=mask, scale=scale
+        )
+        outs[bi] = o.transpose(0, 1).nan_to_num(0.0)
+    return outs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("s_q", [1, 3])
+def test_exact_decode_matches_sdpa(seed, causal, s_q):
+    gen = torch.Generator().manual_seed(seed)
+    b, h, ps = 3, 16, 16
+    lens = torch.tensor([0, 2, 77], dtype=torch.int32)
+    P = 15
+    k_pages = torch.randn(P, ps, 576, generator=gen).bfloat16()
+    bt = torch.randperm(P, generator=gen).view(3, 5).int()
+    q = torch.randn(b, s_q, h, 576, generator=gen).bfloat16()
+    out, lse = ref.mla_decode_exact(q, k_pages, bt, lens, causal=causal)
+    want = _sdpa_reference(q, k_pages, bt, lens, ref.default_softmax_scale(), causal)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+    assert torch.all(out[0] == 0) and torch.all(lse[0] == -math.inf)
+    assert out.shape == (b, s_q, h, 512) and lse.shape == (b, h, s_q)
+    if causal and s_q == 3:  # request 1 (L=2): its first query token sees no key
+        assert torch.all(lse[1, :, 0] == -math.inf) and torch.all(out[1, 0] == 0)
+    # lse against a direct logsumexp for one visible row
+    k = k_pages[bt[2, :5].long()].reshape(-1, 576)[:77].double()
+    n_vis = 77 - s_q + 1 if causal else 77
+    s = q[2, 0].double() @ k[:n_vis].T * ref.default_softmax_scale()
+    torch.testing.assert_close(lse[2, :, 0], torch.logsumexp(s, -1))
+
+
+def _fp8_case(seed, b=3, s_q=2, h=16, ps=32, lens=(0, 45, 300), nan_fill=True):
+    gen = torch.Generator().manual_seed(seed)
+    n_pages = [(L + ps - 1) // ps for L in lens]
+    P = sum(n_pages) + 3
+    k_pages = (torch.randn(P, ps, 576, generator=gen) / 10).clamp(-1, 1).bfloat16()
+    kv, kv_scale = ref.quantize_kv_cache(k_pages)
+    perm = torch.randperm(P, generator=gen)
+    bt = torch.full((b, max(n_pages) + 2), 2**30, dtype=torch.int32)  # huge past each length
+    pos = 0
+    for i, n in enumerate(n_pages):
+        bt[i, :n] = perm[pos : pos + n].int()
+        pos += n
+        L = lens[i]
+        if nan_fill and L % ps:  # unused tail slots of the last page
+            last = int(bt[i, n - 1])
+            kv[last, L % ps :, :512] = 0x7F
+            kv[last, L % ps :, 512:].view(torch.bfloat16).fill_(float("nan"))
+            kv_scale[last, L % ps :] = float("nan")
+    q = torch.randn(b, s_q, h, 576, generator=gen).bfloat16()
+    return q, k_pages, (kv, kv_scale), bt, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_emulation_close_to_exact_and_nan_never_leaks(seed, causal):
+    q, k_pages, cache, bt, lens = _fp8_case(seed)
+    out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens, causal=causal)
+    out, lse = ref.mla_decode_emulated(q, cache, bt, lens, causal=causal)
+    assert torch.isfinite(out).all()
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_x))
+    assert ref.rel_l2(out, out_x) < 5e-2
+    assert ref.cos_diff(out, out_x) < 1.5e-3
+    assert ref.lse_max_abs(lse, lse_x) < 1e-2
+
+
+def test_emulation_from_pages_equals_emulation_from_fp8_cache(seed):
+    q, k_pages, cache, bt, lens = _fp8_case(seed, nan_fill=False)
+    a = ref.mla_decode_emulated(q, cache, bt, lens)
+    b = ref.mla_decode_emulated(q, k_pages, bt, lens, config="snapmla")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_online_implicit_dequant_equals_the_closed_form(seed):
+    """Alg. 1's online rescaling (γ = 2^(m-m_new)·σ_p/σ_p_cur) equals summing each block's
+    dequantized contribution σ_p,j·P_q,j·V at the final max (App. B Eq. 13–14)."""
+    gen = torch.Generator().manual_seed(seed)
+    R, L = 8, 300
+    k = (torch.randn(L, 576, generator=gen) / 10).bfloat16()
+    c, r, s = ref.quantize_rows(k)
+    kq = ref._QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
+    qc, qs = ref._quantize_q(torch.randn(R, 576, generator=gen).bfloat16(), ref.SNAPMLA)
+    vis = torch.full((R,), L)
+    out, lse = ref._decode_one(qc, qs, kq, vis, 0.05)
+    s2 = (qc @ kq.qk_codes.T) * qs[:, None] * s[None, :] * torch.tensor(0.05 * ref.LOG2E)
+    m_final = s2.amax(-1)
+    num = torch.zeros(R, 512, dtype=torch.float64)
+    den = torch.zeros(R, dtype=torch.float64)
+    m_run = torch.full((R,), -math.inf)
+    for j0 in range(0, L, 64):
+        blk = slice(j0, min(L, j0 + 64))
+        m_run = torch.maximum(m_run, s2[:, blk].amax(-1))
+        p = torch.exp2(s2[:, blk] - m_run[:, None])
+        pf = p * s[None, blk]
+        sp = pf.amax(-1) / 448
+        pq = ref.to_e4m3(pf * (448 / pf.amax(-1))[:, None]).double()
+        w = torch.exp2((m_run - m_final).double())
+        num += w[:, None] * sp.double()[:, None] * (pq @ kq.v_values[blk].double())
+        den += w * p.double().sum(-1)
+    torch.testing.assert_close(out.double(), num / den[:, None], rtol=2e-5, atol=1e-7)
+    want_lse = (m_final.double() + torch.log2(den)) / ref.LOG2E
+    torch.testing.assert_close(lse.double(), want_lse, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("config", ["A", "B", "C", "D"])
+def test_table2_configs_run_and_stay_sane(seed, config):
+    q, k_pages, _, bt, lens = _fp8_case(seed, nan_fill=False)
+    out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens)
+    out, lse = ref.mla_decode_emulated(q, k_pages, bt, lens, config=config)
+    assert torch.isfinite(out).all()
+    assert ref.rel_l2(out, out_x) < 0.1
+
+
+def test_rope_unaware_config_a_is_clearly_worse_on_paper_style_data():
+    gen = torch.Generator().manual_seed(1)
+    q, k_pages, bt, lens = make_inputs("paper", 2, 1, 32, 2048, 64, gen)
+    out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens)
+    snap = ref.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
+    a = ref.mla_decode_emulated(q, k_pages, bt, lens, config="A")
+    assert ref.lse_max_abs(a[1], lse_x) > 3 * ref.lse_max_abs(snap[1], lse_x)
+    assert ref.rel_l2(a[0], out_x) > ref.rel_l2(snap[0], out_x)
+
+
+def test_metrics():
+    x = torch.tensor([1.0, 2.0, 3.0])
+    assert ref.rel_l2(x, x) == 0 and ref.cos_diff(x, x) == 0 and ref.rmse(x, x) == 0
+    assert ref.cos_diff(-x, x) == 2.0
+    assert ref.lse_max_abs(torch.tensor([-math.inf, 1.0]), torch.tensor([-math.inf, 1.5])) == 0.5
+    assert ref.lse_max_abs(torch.tensor([0.0, 1.0]), torch.tensor([-math.inf, 1.0])) == math.inf

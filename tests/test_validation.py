@@ -1,0 +1,44 @@
+"""Bad input is rejected before any launch, with what/expected/got (CPU: no GPU needed)."""
+
+import pytest
+import torch
+
+from snapmla_cute import FP8KVCache, append_kv, dequantize_kv, quantize_q
+
+
+def test_quantize_q_rejects():
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="q: expected dtype torch.bfloat16, got torch.float32"):
+        quantize_q(q.float())
+    with pytest.raises(ValueError, match="q: expected 4 dims"):
+        quantize_q(q[0])
+    with pytest.raises(ValueError, match="q: expected last dim 576"):
+        quantize_q(q[..., :512])
+    with pytest.raises(ValueError, match="q: expected a CUDA tensor, got device cpu"):
+        quantize_q(q)
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
+        quantize_q(q.numpy() if False else [1, 2])
+
+
+def test_append_and_dequant_reject_cpu_and_types():
+    cache = FP8KVCache.allocate(2, 16, device="cpu", fill_nan=True)
+    before = cache.kv.clone()
+    kv = torch.zeros(4, 576, dtype=torch.bfloat16)
+    slots = torch.arange(4)
+    with pytest.raises(TypeError, match="cache: expected FP8KVCache"):
+        append_kv(cache.kv, kv, slots)
+    with pytest.raises(ValueError, match="kv: expected a CUDA tensor"):
+        append_kv(cache, kv, slots)
+    with pytest.raises(TypeError, match="slot_mapping: expected dtype torch.int64, got torch.int32"):
+        append_kv(cache, kv, slots.int())
+    with pytest.raises(TypeError, match="kv: expected dtype torch.bfloat16"):
+        append_kv(cache, kv.half(), slots)
+    with pytest.raises(ValueError, match="slot_mapping: expected 4 entries"):
+        append_kv(cache, kv, slots[:3])
+    with pytest.raises(ValueError, match="kv: expected a contiguous tensor"):
+        append_kv(cache, kv.t().contiguous().t(), slots)
+    with pytest.raises(ValueError, match="slots: expected a CUDA tensor"):
+        dequantize_kv(cache, slots)
+    with pytest.raises(ValueError, match="slots: expected 1 dims"):
+        dequantize_kv(cache, slots[None])
+    assert torch.equal(cache.kv, before)
