@@ -16,6 +16,17 @@ from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
 from snapmla_cute.kv_cache import FP8KVCache
 
 
+_launchers: dict = {}
+
+
+def _launcher(name: str):
+    """The compiled TVM-FFI callable of kernel ``name`` (default config), looked up once."""
+    fn = _launchers.get(name)
+    if fn is None:
+        fn = _launchers[name] = jit_cache.compile_kernel(name).fn
+    return fn
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -78,7 +89,7 @@ def quantize_q(
     q_scale = torch.empty(*lead, dtype=torch.float32, device=q.device)
     if q.numel():
         rows = q.view(-1, HEAD_DIM)
-        jit_cache.compile_kernel("quant_q")(
+        _launcher("quant_q")(
             rows[:, :CONTENT_DIM],
             rows[:, CONTENT_DIM:],
             q_nope.view(torch.uint8).view(-1, CONTENT_DIM),
@@ -111,7 +122,7 @@ def append_kv(
     _check_finite("kv", kv, check)
     _check_slots("slot_mapping", slot_mapping, cache.num_slots, check)
     if kv.shape[0]:
-        jit_cache.compile_kernel("append_kv")(
+        _launcher("append_kv")(
             kv[:, :CONTENT_DIM], kv[:, CONTENT_DIM:], slot_mapping, *cache.flat()
         )
 
@@ -140,7 +151,7 @@ def dequantize_kv(
         _check_same_device(out=out, slots=slots)
     _check_slots("slots", slots, cache.num_slots, check)
     if n:
-        jit_cache.compile_kernel("dequant_kv")(
+        _launcher("dequant_kv")(
             *cache.flat(), slots, out[:, :CONTENT_DIM], out[:, CONTENT_DIM:]
         )
     return out
