@@ -30,14 +30,14 @@ class CompiledKernel:
         return self.fn(*args)
 
 
-def _fake_args(name: str):
+def _fake_args(name: str, config=None):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-    from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
+    from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM  # noqa: F401
 
-    bf16, u8, f32, i64 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int64
+    bf16, u8, f32, i64, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int64, cutlass.Int32
     n, slots = cute.sym_int(), cute.sym_int()
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
 
@@ -66,6 +66,47 @@ def _fake_args(name: str):
         return (*rows_in(), make_fake_tensor(i64, (n,), (1,), assumed_align=8), *cache(), stream)
     if name == "dequant_kv":
         return (*cache(), make_fake_tensor(i64, (n,), (1,), assumed_align=8), *rows_in(), stream)
+    if name == "decode_scheduler":
+        parts = cute.sym_int()
+        return (
+            make_fake_tensor(i32, (n,), (1,), assumed_align=4),
+            make_fake_tensor(i32, (parts, 8), (8, 1), assumed_align=16),
+            make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4),
+            stream,
+        )
+    if name == "decode_combine":
+        h, R = config.heads, config.heads * config.s_q
+        splits = cute.sym_int()
+        return (
+            make_fake_tensor(f32, (splits, R, 512), (R * 512, 512, 1), assumed_align=16),
+            make_fake_tensor(f32, (splits, R), (R, 1), assumed_align=4),
+            make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4),
+            make_fake_tensor(bf16, (n, R, 512), (R * 512, 512, 1), assumed_align=16),
+            make_fake_tensor(f32, (n, h, config.s_q), (h * config.s_q, config.s_q, 1), assumed_align=4),
+            stream,
+        )
+    if name == "decode":
+        h, s_q, ps = config.heads, config.s_q, config.page_size
+        R = h * s_q
+        pages, splits, parts, width = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+        return (
+            make_fake_tensor(u8, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), assumed_align=16),
+            make_fake_tensor(bf16, (R, ROPE_DIM, n), (ROPE_DIM, 1, R * ROPE_DIM), assumed_align=16),
+            make_fake_tensor(f32, (R, n), (1, R), assumed_align=4),
+            make_fake_tensor(u8, (ps, CONTENT_DIM, pages), (KV_ROW_BYTES, 1, ps * KV_ROW_BYTES), assumed_align=16),
+            make_fake_tensor(bf16, (ps, ROPE_DIM, pages), (KV_ROW_BYTES // 2, 1, ps * KV_ROW_BYTES // 2), assumed_align=16),
+            make_fake_tensor(f32, (ps, pages), (1, ps), assumed_align=16),
+            make_fake_tensor(i32, (n, width), (cute.sym_int(), 1), assumed_align=4),
+            make_fake_tensor(i32, (n,), (1,), assumed_align=4),
+            make_fake_tensor(i32, (parts, 8), (8, 1), assumed_align=16),
+            make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4),
+            make_fake_tensor(bf16, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), assumed_align=16),
+            make_fake_tensor(f32, (n, h, s_q), (h * s_q, s_q, 1), assumed_align=4),
+            make_fake_tensor(f32, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM), assumed_align=16),
+            make_fake_tensor(f32, (R, splits), (1, R), assumed_align=4),
+            cutlass.Float32(0.0),
+            stream,
+        )
     raise KeyError(name)
 
 
@@ -82,6 +123,18 @@ def _kernel_object(name: str, config):
         from snapmla_cute.kernels.dequant_kv import DequantizeKVKernel
 
         return DequantizeKVKernel(config)
+    if name == "decode_scheduler":
+        from snapmla_cute.kernels.decode_scheduler import DecodeSchedulerKernel
+
+        return DecodeSchedulerKernel(config)
+    if name == "decode_combine":
+        from snapmla_cute.kernels.decode_combine import DecodeCombineKernel
+
+        return DecodeCombineKernel(config)
+    if name == "decode":
+        from snapmla_cute.kernels.decode import DecodeKernel
+
+        return DecodeKernel(config)
     raise KeyError(name)
 
 
@@ -90,9 +143,14 @@ def default_config(name: str):
     from snapmla_cute.kernels.dequant_kv import DequantKVConfig
     from snapmla_cute.kernels.quant_q import QuantQConfig
 
-    return {"quant_q": QuantQConfig, "append_kv": AppendKVConfig, "dequant_kv": DequantKVConfig}[
-        name
-    ]()
+    from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
+
+    return {
+        "quant_q": QuantQConfig,
+        "append_kv": AppendKVConfig,
+        "dequant_kv": DequantKVConfig,
+        "decode_scheduler": SchedulerConfig,
+    }[name]()
 
 
 KERNEL_NAMES = ("quant_q", "append_kv", "dequant_kv")
@@ -119,7 +177,7 @@ def compile_kernel(name: str, config=None, *, arch: str | None = None, keep_sass
         if keep_sass:
             dump_dir = tempfile.mkdtemp(prefix=f"snapmla-{name}-")
             options += ["--keep-ptx", "--keep-cubin", "--keep-sass", f"--dump-dir {dump_dir}"]
-        fn = cute.compile(_kernel_object(name, config), *_fake_args(name), options=" ".join(options))
+        fn = cute.compile(_kernel_object(name, config), *_fake_args(name, config), options=" ".join(options))
         compiled = CompiledKernel(
             name, config, arch, fn, artifacts=fn.artifacts if keep_sass else None
         )

@@ -155,3 +155,197 @@ def dequantize_kv(
             *cache.flat(), slots, out[:, :CONTENT_DIM], out[:, CONTENT_DIM:]
         )
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Decode
+# --------------------------------------------------------------------------------------------
+
+HEADS = (16, 32, 64, 128)
+MAX_S_Q = 4
+
+
+class DecodeMetadata:
+    """Device-side split-KV work plan plus the partial-result buffers it indexes.
+
+    Made once per (batch, s_q, heads) shape by :func:`decode_metadata`; every
+    :func:`mla_decode` call that gets it re-runs the scheduler kernel into these same
+    buffers from the current ``cache_seqlens`` (no allocation, no host sync), so it is safe
+    to capture in a CUDA graph and replay with new lengths.
+    """
+
+    def __init__(self, batch: int, s_q: int, heads: int, num_parts: int, device):
+        rows = s_q * heads
+        self.batch, self.s_q, self.heads, self.num_parts = batch, s_q, heads, num_parts
+        self.sched = torch.zeros(num_parts, 8, dtype=torch.int32, device=device)
+        self.split_offsets = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+        max_splits = batch + num_parts  # each part boundary adds at most one split
+        self.o_partial = torch.empty(max_splits, rows, CONTENT_DIM, dtype=torch.float32, device=device)
+        self.lse_partial = torch.empty(max_splits, rows, dtype=torch.float32, device=device)
+
+    def update(self, cache_seqlens: torch.Tensor) -> None:
+        _launcher("decode_scheduler")(cache_seqlens, self.sched, self.split_offsets)
+
+
+def _num_sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_metadata(
+    cache_seqlens: torch.Tensor, *, s_q: int, heads: int, num_parts: int | None = None
+) -> DecodeMetadata:
+    """Allocates the split-KV plan for a decode shape and fills it from ``cache_seqlens``.
+
+    ``num_parts`` (default: SMs / query tiles) is how many CTAs share the KV work of one
+    query tile; requests cut by a part boundary are split and merged by the combine kernel.
+    """
+    _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
+    _check_cuda(cache_seqlens=cache_seqlens)
+    m_tiles = (s_q * heads + 63) // 64
+    if num_parts is None:
+        num_parts = max(1, _num_sms(cache_seqlens.device) // m_tiles)
+    md = DecodeMetadata(cache_seqlens.shape[0], s_q, heads, num_parts, cache_seqlens.device)
+    md.update(cache_seqlens)
+    return md
+
+
+def _decode_launcher(heads: int, s_q: int, page_size: int, causal: bool):
+    from snapmla_cute.kernels.decode import DecodeConfig
+
+    key = ("decode", heads, s_q, page_size, causal)
+    fn = _launchers.get(key)
+    if fn is None:
+        cfg = DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal)
+        fn = _launchers[key] = jit_cache.compile_kernel("decode", cfg).fn
+    return fn
+
+
+def _combine_launcher(heads: int, s_q: int):
+    from snapmla_cute.kernels.decode_combine import CombineConfig
+
+    key = ("decode_combine", heads, s_q)
+    fn = _launchers.get(key)
+    if fn is None:
+        cfg = CombineConfig(heads=heads, s_q=s_q)
+        fn = _launchers[key] = jit_cache.compile_kernel("decode_combine", cfg).fn
+    return fn
+
+
+def mla_decode(
+    q,
+    cache: FP8KVCache,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    metadata: DecodeMetadata | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SnapMLA FP8 paged decode.
+
+    ``q``: bf16 ``[b, s_q, h, 576]`` (quantized here by the fused kernel) or the tuple
+    ``(q_nope, q_rope, q_scale)`` returned by :func:`quantize_q`. ``block_table`` int32
+    ``[b, max_pages]``, ``cache_seqlens`` int32 ``[b]`` (0 allowed: zero output, -inf LSE).
+    With ``causal``, query token ``i`` of ``s_q`` sees keys ``< L - s_q + i + 1``.
+    ``softmax_scale`` defaults to 576^-0.5. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and
+    ``lse`` fp32 ``[b, h, s_q]`` (natural log).
+    """
+    import math
+
+    if isinstance(q, (tuple, list)):
+        if len(q) != 3:
+            raise ValueError(f"q: expected (q_nope, q_rope, q_scale), got {len(q)} tensors")
+        q_nope, q_rope, q_scale = q
+        _check_tensor("q_nope", q_nope, torch.float8_e4m3fn, dim=4, last=CONTENT_DIM)
+        b, s_q, h, _ = q_nope.shape
+        _check_tensor("q_rope", q_rope, torch.bfloat16, dim=4, last=ROPE_DIM)
+        _check_tensor("q_scale", q_scale, torch.float32, dim=3)
+        if q_rope.shape[:3] != q_nope.shape[:3] or q_scale.shape != q_nope.shape[:3]:
+            raise ValueError(
+                f"q: shapes disagree: q_nope {tuple(q_nope.shape)}, q_rope {tuple(q_rope.shape)}, q_scale {tuple(q_scale.shape)}"
+            )
+        _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
+        q_dev = q_nope.device
+    else:
+        _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
+        _check_cuda(q=q)
+        b, s_q, h, _ = q.shape
+        q_dev = q.device
+    if not isinstance(cache, FP8KVCache):
+        raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
+    if h not in HEADS:
+        raise ValueError(f"q: expected heads in {HEADS}, got {h}")
+    if not 1 <= s_q <= MAX_S_Q:
+        raise ValueError(f"q: expected s_q in [1, {MAX_S_Q}], got {s_q}")
+    _check_tensor("block_table", block_table, torch.int32, dim=2)
+    _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
+    if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
+        raise ValueError(
+            f"block_table/cache_seqlens: expected batch {b}, got {block_table.shape[0]} and {cache_seqlens.shape[0]}"
+        )
+    _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
+    _check_same_device(q=torch.empty(0, device=q_dev), cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
+    if out is not None:
+        _check_tensor("out", out, torch.bfloat16, dim=4)
+        if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
+            raise ValueError(f"out: expected shape {(b, s_q, h, CONTENT_DIM)}, got {tuple(out.shape)}")
+        _check_cuda(out=out)
+    if lse is not None:
+        _check_tensor("lse", lse, torch.float32, dim=3)
+        if tuple(lse.shape) != (b, h, s_q):
+            raise ValueError(f"lse: expected shape {(b, h, s_q)}, got {tuple(lse.shape)}")
+        _check_cuda(lse=lse)
+    if metadata is not None and (metadata.batch, metadata.s_q, metadata.heads) != (b, s_q, h):
+        raise ValueError(
+            f"metadata: made for (batch, s_q, heads) = {(metadata.batch, metadata.s_q, metadata.heads)}, got {(b, s_q, h)}"
+        )
+    if check and not _capturing() and b:
+        lens = cache_seqlens.cpu()
+        if int(lens.min()) < 0:
+            raise ValueError(f"cache_seqlens: expected values >= 0, got min {int(lens.min())}")
+        need = int((lens.max() + cache.page_size - 1) // cache.page_size)
+        if need > block_table.shape[1]:
+            raise ValueError(
+                f"block_table: a sequence of {int(lens.max())} tokens needs {need} pages, table has {block_table.shape[1]} columns"
+            )
+    if not isinstance(q, (tuple, list)):
+        q_nope, q_rope, q_scale = quantize_q(q, check=check)
+    if metadata is None:
+        metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h)
+    else:
+        metadata.update(cache_seqlens)
+    if out is None:
+        out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=q_dev)
+    if lse is None:
+        lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
+    if b == 0:
+        return out, lse
+    scale = HEAD_DIM**-0.5 if softmax_scale is None else float(softmax_scale)
+    rows = s_q * h
+    kv = cache.kv
+    kv_rows = kv.permute(1, 2, 0)
+    kv_bf16 = kv.view(torch.bfloat16).permute(1, 2, 0)
+    _decode_launcher(h, s_q, cache.page_size, bool(causal))(
+        q_nope.view(torch.uint8).view(b, rows, CONTENT_DIM).permute(1, 2, 0),
+        q_rope.view(b, rows, ROPE_DIM).permute(1, 2, 0),
+        q_scale.view(b, rows).t(),
+        kv_rows[:, :CONTENT_DIM, :],
+        kv_bf16[:, CONTENT_DIM // 2 :, :],
+        cache.kv_scale.t(),
+        block_table,
+        cache_seqlens,
+        metadata.sched,
+        metadata.split_offsets,
+        out.view(b, rows, CONTENT_DIM).permute(1, 2, 0),
+        lse,
+        metadata.o_partial.permute(1, 2, 0),
+        metadata.lse_partial.t(),
+        scale * math.log2(math.e),
+    )
+    _combine_launcher(h, s_q)(
+        metadata.o_partial, metadata.lse_partial, metadata.split_offsets, out.view(b, rows, CONTENT_DIM), lse
+    )
+    return out, lse

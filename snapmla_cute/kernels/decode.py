@@ -1,0 +1,661 @@
+"""SnapMLA FP8 decode kernel for SM90a (paper §3, App. B, App. C Algorithm 1).
+
+One CTA computes one 64-row query tile (rows = s_q * h packed, row r = i * h + head) over
+the KV blocks the split-KV scheduler gave its part. Per 64-token block:
+
+1. QK: FP8 e4m3 WGMMA over the 512 content dims and BF16 WGMMA over the 64 RoPE dims
+   into one fp32 accumulator (Eq. 6: both parts live in the scaled domain), then
+   s = ((acc · σ_q) · σ_k) · scale·log2e.
+2. V transposition in place: the content tile (64 tokens x 512 dims, K-major SW128) is
+   rewritten chunk by chunk as Vᵀ (512 x 64, K-major SW64) through registers; tokens past
+   the sequence are zeroed so NaN-filled unused slots never reach the PV GEMM.
+3. Online softmax with V-scale fusion P' = P·σ_k and per-row block-wise P quantization
+   (σ_p = rowmax(P')/448), implicit dequantization through γ = 2^(m-m_new)·σ_p/σ_p,cur.
+4. P accumulator → e4m3 A operand in registers (byte permutation, ``make_acc_into_op``).
+5. PV: FP8 WGMMA, each consumer WG owning 256 output dims, strictly in block order.
+
+Everything is checked against ``reference.mla_decode_emulated``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, Uint32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+
+from snapmla_cute.format import CONTENT_DIM, FP8_MAX, ROPE_DIM
+from snapmla_cute.layouts import smem as L
+from snapmla_cute.pipelines import roles
+
+FP8 = cutlass.Float8E4M3FN
+LN2 = math.log(2.0)
+OOB_PAGE = 1 << 30  # TMA zero-fills coordinates past the cache
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    heads: int
+    s_q: int
+    page_size: int
+    causal: bool
+    kv_stages: int = 4
+    alternate: bool = False  # App. C dual-WG alternation of block ownership
+
+    @property
+    def rows(self) -> int:
+        return self.heads * self.s_q
+
+    @property
+    def m_tiles(self) -> int:
+        return (self.rows + L.M_TILE - 1) // L.M_TILE
+
+    @property
+    def box_rows(self) -> int:
+        return min(L.BLOCK_N, self.page_size)
+
+
+class DecodeKernel:
+    def __init__(self, cfg: DecodeConfig):
+        self.cfg = cfg
+        self.n_sub = L.BLOCK_N // cfg.box_rows
+
+    # ------------------------------------------------------------------ helpers (fmha.py)
+    @staticmethod
+    def _layout_separate(thr, src, ref):
+        lt = cute.make_layout(())
+        ge = cute.make_layout(())
+        for k, v in enumerate(ref):
+            if cutlass.const_expr(v < thr):
+                lt = cute.append(lt, src[k])
+            else:
+                ge = cute.append(ge, src[k])
+        r = None
+        if cutlass.const_expr(cute.rank(lt) == 1):
+            r = cute.append(lt, ge)
+        else:
+            r = cute.append(cute.append(cute.make_layout(()), lt), ge)
+        return r
+
+    @cute.jit
+    def _layout_acc_mn(self, tiled_mma, acc):
+        """Accumulator layout viewed as (rows of this thread, cols of this thread)."""
+        separated = self._layout_separate(tiled_mma.shape_mnk[0], acc[0], tiled_mma.tv_layout_C.stride[1])
+        v_m = separated[0]
+        v_n = separated[1]
+        v_m1 = None
+        v_n1 = None
+        if cutlass.const_expr(cute.rank(v_m) == 1):
+            v_m1 = cute.append(v_m, acc[1])
+        else:
+            v_m1 = cute.append(cute.append(cute.make_layout(()), v_m), acc[1])
+        if cutlass.const_expr(cute.rank(v_n) == 1):
+            v_n1 = cute.append(v_n, acc[2])
+        else:
+            v_n1 = cute.append(cute.append(cute.make_layout(()), v_n), acc[2])
+        r = None
+        if cutlass.const_expr(cute.rank(v_m1) == 1):
+            r = cute.append(v_m1, v_n1)
+        else:
+            r = cute.append(cute.append(cute.make_layout(()), v_m1), v_n1)
+        return r
+
+    @staticmethod
+    def _c_to_a_layout(c, a):
+        return cute.make_layout(
+            (a, c.shape[1], (c.shape[2], cute.size(c, mode=[0]) // cute.size(a))),
+            stride=(c.stride[0], c.stride[1], (c.stride[2], cute.size(a, mode=[2]) * c.stride[0][2])),
+        )
+
+    @cute.jit
+    def _acc_to_fp8_operand(self, acc, operand_layout_tv):
+        """fp32 P accumulator → e4m3 A-operand registers: cvt, then the quad byte permutation."""
+        operand = cute.make_rmem_tensor_like(self._c_to_a_layout(acc.layout, operand_layout_tv.shape[1]), FP8)
+        operand_as_acc = cute.make_tensor(operand.iterator, acc.layout)
+        operand_as_acc.store(acc.load().to(FP8))
+        tidx, _, _ = cute.arch.thread_idx()
+        tid = tidx % 4
+        values = cute.recast_tensor(operand, Uint32)
+        for n in cutlass.range_constexpr(cute.size(values, mode=[1])):
+            for k in cutlass.range_constexpr(cute.size(values, mode=[2])):
+                for ii in cutlass.range_constexpr(0, 8, 4):
+                    v0 = values[ii // 2 + 0, n, k]
+                    v1 = values[ii // 2 + 1, n, k]
+                    send = 1
+                    if tid == 1 or tid == 2:
+                        send = 0
+                    src_lane = (0x3021 >> (tid * 4)) & 0xF
+                    va = v1
+                    if send == 0:
+                        va = v0
+                    va = cute.arch.shuffle_sync_op(va, src_lane, 0xFFFFFFFF, 7199)
+                    send = 1 - send
+                    src_lane = (0x2130 >> (tid * 4)) & 0xF
+                    vb = v1
+                    if send == 0:
+                        vb = v0
+                    vb = cute.arch.shuffle_sync_op(vb, src_lane, 0xFFFFFFFF, 7199)
+                    order = 0x5410
+                    if send == 0:
+                        order = 0x1054
+                    values[ii // 2 + 0, n, k] = cute.arch.prmt(va, vb, order)
+                    order = 0x7632
+                    if send == 0:
+                        order = 0x3276
+                    values[ii // 2 + 1, n, k] = cute.arch.prmt(va, vb, order)
+        return operand
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        m_q_nope: cute.Tensor,  # uint8 (R, 512, b)
+        m_q_rope: cute.Tensor,  # bf16 (R, 64, b)
+        m_q_scale: cute.Tensor,  # fp32 (R, b)
+        m_kv_content: cute.Tensor,  # uint8 (page_size, 512, P)
+        m_kv_rope: cute.Tensor,  # bf16 (page_size, 64, P)
+        m_kv_scale: cute.Tensor,  # fp32 (page_size, P)
+        m_block_table: cute.Tensor,  # int32 (b, max_pages)
+        m_seqlens: cute.Tensor,  # int32 (b,)
+        m_sched: cute.Tensor,  # int32 (parts, 8)
+        m_split_offsets: cute.Tensor,  # int32 (b + 1,)
+        m_out: cute.Tensor,  # bf16 (R, 512, b)
+        m_lse: cute.Tensor,  # fp32 (b, h, s_q)
+        m_o_partial: cute.Tensor,  # fp32 (R, 512, splits)
+        m_lse_partial: cute.Tensor,  # fp32 (R, splits)
+        scale_log2: Float32,
+        stream,
+    ):
+        cfg = self.cfg
+        m_q_nope = cute.make_tensor(cute.recast_ptr(m_q_nope.iterator, dtype=FP8), m_q_nope.layout)
+        m_kv_content = cute.make_tensor(cute.recast_ptr(m_kv_content.iterator, dtype=FP8), m_kv_content.layout)
+        K = OperandMajorMode.K
+        qk_mma = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
+        qk_rope_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
+        half = CONTENT_DIM // roles.NUM_CONSUMER_WGS
+        pv_mma_rs = sm90_utils.make_trivial_tiled_mma(
+            FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, half), warpgroup.OperandSource.RMEM
+        )
+        pv_mma_ss = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, half))
+
+        q_nope_sl = L.q_nope_layout()
+        q_rope_sl = L.q_rope_layout()
+        kv_sl = L.kv_content_layout(cfg.kv_stages)
+        kr_sl = L.kv_rope_layout(cfg.kv_stages)
+        vt_sl = L.vt_layout(cfg.kv_stages)
+        p_sl = L.p_layout(2)
+        br = cfg.box_rows
+
+        tma_q_nope, g_q_nope = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_q_nope, cute.slice_(q_nope_sl, (None, None, 0)), (L.M_TILE, CONTENT_DIM)
+        )
+        tma_q_rope, g_q_rope = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_q_rope, cute.slice_(q_rope_sl, (None, None, 0)), (L.M_TILE, ROPE_DIM)
+        )
+        kv_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kv_sl, (None, None, 0)), (br, CONTENT_DIM)), (None, None, 0, 0))
+        kr_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kr_sl, (None, None, 0)), (br, ROPE_DIM)), (None, None, 0, 0))
+        tma_kv, g_kv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_content, kv_box_sl, (br, CONTENT_DIM))
+        tma_kr, g_kr = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_rope, kr_box_sl, (br, ROPE_DIM))
+        tma_ks, g_ks = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_kv_scale, cute.make_layout((br,)), (br,)
+        )
+        self.q_bytes = L.M_TILE * CONTENT_DIM + L.M_TILE * ROPE_DIM * 2
+        self.kv_bytes = L.BLOCK_N * CONTENT_DIM + L.BLOCK_N * ROPE_DIM * 2 + L.BLOCK_N * 4
+
+        stages = cfg.kv_stages
+
+        @cute.struct
+        class SharedStorage:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            state: cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE]
+            k_scale: cute.struct.Align[cute.struct.MemRange[Float32, L.BLOCK_N * stages], 16]
+            q_nope: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(q_nope_sl)], 1024]
+            q_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_rope_sl)], 1024]
+            kv: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(kv_sl)], 1024]
+            k_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kr_sl)], 1024]
+            p: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(p_sl)], 1024]
+
+        self.shared_storage = SharedStorage
+        num_parts = m_sched.shape[0]
+        self.kernel(
+            qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss,
+            tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
+            m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets,
+            m_out, m_lse, m_o_partial, m_lse_partial, scale_log2,
+            q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl,
+        ).launch(
+            grid=[cfg.m_tiles, num_parts, 1],
+            block=[roles.THREADS, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        qk_rope_mma: cute.TiledMma,
+        pv_mma_rs: cute.TiledMma,
+        pv_mma_ss: cute.TiledMma,
+        tma_q_nope: cute.CopyAtom,
+        g_q_nope: cute.Tensor,
+        tma_q_rope: cute.CopyAtom,
+        g_q_rope: cute.Tensor,
+        tma_kv: cute.CopyAtom,
+        g_kv: cute.Tensor,
+        tma_kr: cute.CopyAtom,
+        g_kr: cute.Tensor,
+        tma_ks: cute.CopyAtom,
+        g_ks: cute.Tensor,
+        m_q_scale: cute.Tensor,
+        m_block_table: cute.Tensor,
+        m_seqlens: cute.Tensor,
+        m_sched: cute.Tensor,
+        m_split_offsets: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_o_partial: cute.Tensor,
+        m_lse_partial: cute.Tensor,
+        scale_log2: Float32,
+        q_nope_sl: cute.ComposedLayout,
+        q_rope_sl: cute.ComposedLayout,
+        kv_sl: cute.ComposedLayout,
+        kr_sl: cute.ComposedLayout,
+        vt_sl: cute.ComposedLayout,
+        p_sl: cute.ComposedLayout,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        m_tile, part, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // roles.THREADS_PER_WG)
+
+        storage = SmemAllocator().allocate(self.shared_storage)
+        consumer_warps = roles.NUM_CONSUMER_WGS * roles.THREADS_PER_WG // 32
+        q_prod, q_cons = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+            tx_count=self.q_bytes, defer_sync=True,
+        ).make_participants()
+        kv_prod, kv_cons = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=cfg.kv_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+            tx_count=self.kv_bytes, defer_sync=True,
+        ).make_participants()
+
+        s_q_nope = storage.q_nope.get_tensor(q_nope_sl.outer, swizzle=q_nope_sl.inner)
+        s_q_rope = storage.q_rope.get_tensor(q_rope_sl.outer, swizzle=q_rope_sl.inner)
+        s_kv = storage.kv.get_tensor(kv_sl.outer, swizzle=kv_sl.inner)
+        s_kr = storage.k_rope.get_tensor(kr_sl.outer, swizzle=kr_sl.inner)
+        s_ks = storage.k_scale.get_tensor(cute.make_layout((L.BLOCK_N, cfg.kv_stages)))
+        s_p = storage.p.get_tensor(p_sl.outer, swizzle=p_sl.inner)
+        s_vt = cute.make_tensor(cute.recast_ptr(s_kv.iterator, vt_sl.inner), vt_sl.outer)
+        s_state = storage.state.get_tensor(cute.make_layout((L.M_TILE, 4, 2)))
+
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        batch = m_seqlens.shape[0]
+        begin_req = m_sched[part, 0]
+        begin_blk = m_sched[part, 1]
+        end_req = m_sched[part, 2]
+        end_blk = m_sched[part, 3]
+        begin_split = m_sched[part, 4]
+        n_reqs = Int32(0)
+        if begin_req < batch:
+            n_reqs = end_req - begin_req + 1
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
+            if warp_idx == 0:
+                self.load(
+                    tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
+                    s_q_nope, s_q_rope, s_kv, s_kr, s_ks, m_block_table, m_seqlens,
+                    q_prod, kv_prod, m_tile, begin_req, begin_blk, end_req, end_blk, n_reqs,
+                )
+        else:
+            cute.arch.setmaxregister_increase(roles.CONSUMER_REGS)
+            self.consume(
+                qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss,
+                s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state,
+                m_q_scale, m_seqlens, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial,
+                scale_log2, q_cons, kv_cons, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
+                n_reqs, wg_idx - 1,
+            )
+
+    # ------------------------------------------------------------------ producer
+    @cute.jit
+    def load(
+        self, tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
+        s_q_nope, s_q_rope, s_kv, s_kr, s_ks, m_block_table, m_seqlens,
+        q_prod, kv_prod, m_tile, begin_req, begin_blk, end_req, end_blk, n_reqs,
+    ):
+        cfg = self.cfg
+        br = cfg.box_rows
+        # Q tiles (64 rows x dims) per request
+        tq_s, tq_g = cpasync.tma_partition(
+            tma_q_nope, 0, cute.make_layout(1), cute.group_modes(s_q_nope, 0, 2),
+            cute.group_modes(cute.flat_divide(g_q_nope, (L.M_TILE, CONTENT_DIM)), 0, 2),
+        )
+        tqr_s, tqr_g = cpasync.tma_partition(
+            tma_q_rope, 0, cute.make_layout(1), cute.group_modes(s_q_rope, 0, 2),
+            cute.group_modes(cute.flat_divide(g_q_rope, (L.M_TILE, ROPE_DIM)), 0, 2),
+        )
+        # KV boxes of `br` tokens: smem (box, sub, stage), gmem (box, tile in page, page)
+        tkv_s, tkv_g = cpasync.tma_partition(
+            tma_kv, 0, cute.make_layout(1),
+            cute.group_modes(cute.flat_divide(s_kv, (br, CONTENT_DIM)), 0, 2),
+            cute.group_modes(cute.flat_divide(g_kv, (br, CONTENT_DIM)), 0, 2),
+        )
+        tkr_s, tkr_g = cpasync.tma_partition(
+            tma_kr, 0, cute.make_layout(1),
+            cute.group_modes(cute.flat_divide(s_kr, (br, ROPE_DIM)), 0, 2),
+            cute.group_modes(cute.flat_divide(g_kr, (br, ROPE_DIM)), 0, 2),
+        )
+        tks_s, tks_g = cpasync.tma_partition(
+            tma_ks, 0, cute.make_layout(1),
+            cute.group_modes(cute.flat_divide(s_ks, (br,)), 0, 1),
+            cute.group_modes(cute.flat_divide(g_ks, (br,)), 0, 1),
+        )
+        for r in cutlass.range(n_reqs, unroll=1):
+            req = begin_req + r
+            seqlen = m_seqlens[req]
+            blk_lo = Int32(0)
+            if r == 0:
+                blk_lo = begin_blk
+            blk_hi = (seqlen + L.BLOCK_N - 1) // L.BLOCK_N
+            if req == end_req:
+                blk_hi = end_blk
+            hq = q_prod.acquire_and_advance()
+            cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                hk = kv_prod.acquire_and_advance()
+                for sub in cutlass.range_constexpr(self.n_sub):
+                    tok = blk * L.BLOCK_N + sub * br
+                    page = Int32(OOB_PAGE)
+                    if tok < seqlen:
+                        page = m_block_table[req, tok // cfg.page_size]
+                    tile = (tok % cfg.page_size) // br
+                    cute.copy(tma_kv, tkv_g[(None, tile, 0, page)], tkv_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
+                    cute.copy(tma_kr, tkr_g[(None, tile, 0, page)], tkr_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
+                    cute.copy(tma_ks, tks_g[(None, tile, page)], tks_s[(None, sub, hk.index)], tma_bar_ptr=hk.barrier)
+
+    # ------------------------------------------------------------------ consumers
+    @cute.jit
+    def transpose_v(self, s_kv_words: cute.Tensor, stage, valid_tokens, wg, wg_tidx):
+        """Content tile → Vᵀ in place, one 8 KiB chunk at a time, zeroing tokens ≥ valid."""
+        a = wg_tidx % 16  # tokens 4a..4a+3
+        b = wg_tidx // 16  # dims 16b..16b+15 of the chunk
+        keep = Uint32(0xFFFFFFFF)
+        if 4 * a + 4 > valid_tokens:
+            keep = Uint32(0)
+            if 4 * a < valid_tokens:
+                keep = (Uint32(1) << (8 * (valid_tokens - 4 * a))) - Uint32(1)
+        stage_words = stage * (L.BLOCK_N * CONTENT_DIM // 4)
+        sync = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.wg_sync[0] + wg, num_threads=roles.THREADS_PER_WG)
+        for c in cutlass.range_constexpr(CONTENT_DIM // 128):
+            src = cute.make_rmem_tensor((4, 4), Uint32)  # (token r, word w)
+            for r in cutlass.range_constexpr(4):
+                tok = 4 * a + r
+                base = (tok % 8) * 128 + (tok // 8) * 1024 + 16 * b
+                off = base ^ (((base >> 7) & 7) << 4)
+                for w in cutlass.range_constexpr(4):
+                    src[r, w] = s_kv_words[stage_words + (c * L.CHUNK_BYTES + off) // 4 + w]
+            sync.arrive_and_wait()
+            for w in cutlass.range_constexpr(4):
+                lo01 = cute.arch.prmt(src[0, w], src[1, w], 0x5140)
+                hi01 = cute.arch.prmt(src[0, w], src[1, w], 0x7362)
+                lo23 = cute.arch.prmt(src[2, w], src[3, w], 0x5140)
+                hi23 = cute.arch.prmt(src[2, w], src[3, w], 0x7362)
+                outs = (
+                    cute.arch.prmt(lo01, lo23, 0x5410),
+                    cute.arch.prmt(lo01, lo23, 0x7632),
+                    cute.arch.prmt(hi01, hi23, 0x5410),
+                    cute.arch.prmt(hi01, hi23, 0x7632),
+                )
+                for e in cutlass.range_constexpr(4):
+                    n = 16 * b + 4 * w + e  # dim within the chunk
+                    base = (n % 8) * 64 + (n // 8) * 512 + 4 * a
+                    off = base ^ (((base >> 7) & 3) << 4)
+                    s_kv_words[stage_words + (c * L.CHUNK_BYTES + off) // 4] = Uint32(outs[e]) & keep
+            if cutlass.const_expr(c + 1 < CONTENT_DIM // 128):
+                sync.arrive_and_wait()
+
+    @cute.jit
+    def consume(
+        self, qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss,
+        s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state,
+        m_q_scale, m_seqlens, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial,
+        scale_log2, q_cons, kv_cons, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
+        n_reqs, wg,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        wg_tidx = tidx % roles.THREADS_PER_WG
+        half = CONTENT_DIM // roles.NUM_CONSUMER_WGS
+        qk_thr = qk_mma.get_slice(wg_tidx)
+        qkr_thr = qk_rope_mma.get_slice(wg_tidx)
+        pv_rs_thr = pv_mma_rs.get_slice(wg_tidx)
+        pv_ss_thr = pv_mma_ss.get_slice(wg_tidx)
+
+        t_q = qk_thr.make_fragment_A(qk_thr.partition_A(s_q_nope))
+        t_k = qk_thr.make_fragment_B(qk_thr.partition_B(s_kv))
+        t_qr = qkr_thr.make_fragment_A(qkr_thr.partition_A(s_q_rope))
+        t_kr = qkr_thr.make_fragment_B(qkr_thr.partition_B(s_kr))
+        s_vt_half = cute.slice_(cute.flat_divide(s_vt, (half, L.BLOCK_N)), (None, None, wg, 0, None))
+        t_v_rs = pv_rs_thr.make_fragment_B(pv_rs_thr.partition_B(s_vt_half))
+        t_v_ss = pv_ss_thr.make_fragment_B(pv_ss_thr.partition_B(s_vt_half))
+        t_p_ss = pv_ss_thr.make_fragment_A(pv_ss_thr.partition_A(s_p))
+        t_p_store = pv_rs_thr.partition_A(s_p)  # this thread's register-layout view of sP
+
+        acc_o = pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, half)))
+        acc_o_mn = cute.make_tensor(acc_o.iterator, self._layout_acc_mn(pv_mma_rs, acc_o.layout))
+        c_s = qk_thr.partition_C(cute.make_identity_tensor((L.M_TILE, L.BLOCK_N)))
+        c_s_mn = cute.make_tensor(c_s.iterator, self._layout_acc_mn(qk_mma, c_s.layout))
+        c_o = pv_rs_thr.partition_C(cute.make_identity_tensor((L.M_TILE, half)))
+        c_o_mn = cute.make_tensor(c_o.iterator, self._layout_acc_mn(pv_mma_rs, c_o.layout))
+        rows_per_thr = cute.size(c_s_mn, mode=[0])
+        cols_per_thr = cute.size(c_s_mn, mode=[1])
+
+        s_kv_words = cute.make_tensor(
+            cute.recast_ptr(s_kv.iterator, dtype=Uint32), cute.make_layout((L.BLOCK_N * CONTENT_DIM // 4 * cfg.kv_stages,))
+        )
+        wg_sync = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.wg_sync[0] + wg, num_threads=roles.THREADS_PER_WG)
+
+        row_max = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        row_sum = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        sigma_p = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        gamma = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        q_fac = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        n_vis = cute.make_rmem_tensor((rows_per_thr,), Int32)
+
+        k_global = Int32(0)
+        for r in cutlass.range(n_reqs, unroll=1):
+            req = begin_req + r
+            seqlen = m_seqlens[req]
+            blk_lo = Int32(0)
+            if r == 0:
+                blk_lo = begin_blk
+            blk_hi = (seqlen + L.BLOCK_N - 1) // L.BLOCK_N
+            if req == end_req:
+                blk_hi = end_blk
+            for i in cutlass.range_constexpr(rows_per_thr):
+                row = m_tile * L.M_TILE + c_s_mn[i, 0][0]
+                row_max[i] = -Float32.inf
+                row_sum[i] = 0.0
+                sigma_p[i] = 1.0
+                q_fac[i] = 1.0
+                n_vis[i] = seqlen
+                if row < cfg.rows:
+                    q_fac[i] = m_q_scale[row, req]
+                    if cutlass.const_expr(cfg.causal):
+                        n_vis[i] = seqlen - cfg.s_q + row // cfg.heads + 1
+            acc_o.fill(0.0)
+            hq = q_cons.wait_and_advance()
+            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                slot = k_global % 2
+                mine = wg == 0
+                if cutlass.const_expr(cfg.alternate):
+                    mine = slot == wg
+                hk = kv_cons.wait_and_advance()
+                stage = hk.index
+                if mine:
+                    # ---- QK: e4m3 content + bf16 RoPE into one accumulator (Eq. 6)
+                    acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
+                        qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(qk_mma, acc_s, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_s)
+                    for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
+                        qk_rope_mma.set(warpgroup.Field.ACCUMULATE, True)
+                        cute.gemm(qk_rope_mma, acc_s, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_s)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    # ---- V transposition in place (tokens past the sequence zeroed)
+                    self.transpose_v(s_kv_words, stage, seqlen - blk * L.BLOCK_N, wg, wg_tidx)
+                    # ---- softmax with V-scale fusion and block-wise P quantization
+                    acc_s_mn = cute.make_tensor(acc_s.iterator, self._layout_acc_mn(qk_mma, acc_s.layout))
+                    for i in cutlass.range_constexpr(rows_per_thr):
+                        m_prev = row_max[i]
+                        if blk == blk_lo:
+                            m_prev = -Float32.inf
+                        m_new = m_prev
+                        for j in cutlass.range_constexpr(cols_per_thr):
+                            col = blk * L.BLOCK_N + c_s_mn[i, j][1]
+                            s = acc_s_mn[i, j] * q_fac[i] * s_ks[c_s_mn[i, j][1], stage] * scale_log2
+                            if col >= n_vis[i]:
+                                s = -Float32.inf
+                            acc_s_mn[i, j] = s
+                            m_new = cute.arch.fmax(m_new, s)
+                        m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+                        m_safe = m_new
+                        if m_new == -Float32.inf:
+                            m_safe = 0.0
+                        sum_cur = Float32(0.0)
+                        p_max = Float32(0.0)
+                        for j in cutlass.range_constexpr(cols_per_thr):
+                            p = cute.math.exp2(acc_s_mn[i, j] - m_safe, fastmath=True)
+                            sum_cur += p
+                            pf = p * s_ks[c_s_mn[i, j][1], stage]  # P' = P·σ_k
+                            if acc_s_mn[i, j] == -Float32.inf:
+                                pf = 0.0
+                            acc_s_mn[i, j] = pf
+                            p_max = cute.arch.fmax(p_max, pf)
+                        sum_cur = cute.arch.warp_reduction_sum(sum_cur, threads_in_group=4)
+                        p_max = cute.arch.warp_reduction_max(p_max, threads_in_group=4)
+                        sig_prev = sigma_p[i]
+                        if blk == blk_lo:
+                            sig_prev = 1.0
+                        inv = Float32(1.0) / sig_prev
+                        sig_cur = sig_prev
+                        if p_max > 0.0:
+                            inv = Float32(FP8_MAX) / p_max
+                            sig_cur = p_max / Float32(FP8_MAX)
+                        for j in cutlass.range_constexpr(cols_per_thr):
+                            acc_s_mn[i, j] = acc_s_mn[i, j] * inv
+                        g = Float32(0.0)
+                        if m_prev != -Float32.inf:
+                            g = cute.math.exp2(m_prev - m_safe, fastmath=True) * sig_prev * inv
+                        ell = row_sum[i]
+                        if blk == blk_lo:
+                            ell = 0.0
+                        row_sum[i] = g * ell + sum_cur * inv
+                        row_max[i] = m_new
+                        sigma_p[i] = sig_cur
+                        gamma[i] = g
+                    t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
+                    # ---- publish P, state and Vᵀ to the other WG
+                    if k_global >= 2:
+                        pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
+                    cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
+                    if wg_tidx % 4 == 0:
+                        for i in cutlass.range_constexpr(rows_per_thr):
+                            lr = c_s_mn[i, 0][0]
+                            s_state[lr, 0, slot] = row_max[i]
+                            s_state[lr, 1, slot] = sigma_p[i]
+                            s_state[lr, 2, slot] = row_sum[i]
+                            s_state[lr, 3, slot] = gamma[i]
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    wg_sync.arrive_and_wait()
+                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
+                    # ---- PV (own P from registers)
+                    for i in cutlass.range_constexpr(rows_per_thr):
+                        for j in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
+                            acc_o_mn[i, j] = acc_o_mn[i, j] * gamma[i]
+                    warpgroup.fence()
+                    pv_mma_rs.set(warpgroup.Field.ACCUMULATE, True)
+                    cute.gemm(pv_mma_rs, acc_o, t_p, t_v_rs[None, None, None, stage], acc_o)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                else:
+                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
+                    for i in cutlass.range_constexpr(rows_per_thr):
+                        lr = c_s_mn[i, 0][0]
+                        row_max[i] = s_state[lr, 0, slot]
+                        sigma_p[i] = s_state[lr, 1, slot]
+                        row_sum[i] = s_state[lr, 2, slot]
+                        gamma[i] = s_state[lr, 3, slot]
+                    for i in cutlass.range_constexpr(rows_per_thr):
+                        for j in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
+                            acc_o_mn[i, j] = acc_o_mn[i, j] * gamma[i]
+                    warpgroup.fence()
+                    pv_mma_ss.set(warpgroup.Field.ACCUMULATE, True)
+                    for kb in cutlass.range_constexpr(cute.size(t_p_ss, mode=[2])):
+                        cute.gemm(pv_mma_ss, acc_o, t_p_ss[None, None, kb, slot], t_v_ss[None, None, kb, stage], acc_o)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
+                hk.release()
+                k_global += 1
+            hq.release()
+            self.epilogue(
+                acc_o_mn, c_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
+                m_split_offsets, m_tile, req, r, begin_split, blk_hi > blk_lo, wg, wg_tidx,
+            )
+
+    @cute.jit
+    def epilogue(
+        self, acc_o_mn, c_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
+        m_split_offsets, m_tile, req, r, begin_split, any_blocks, wg, wg_tidx,
+    ):
+        cfg = self.cfg
+        half = CONTENT_DIM // roles.NUM_CONSUMER_WGS
+        first = m_split_offsets[req]
+        n_splits = m_split_offsets[req + 1] - first
+        split = Int32(0)
+        if r == 0:
+            split = begin_split
+        for i in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[0])):
+            row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
+            ell = row_sum[i]
+            if not any_blocks:
+                ell = 0.0
+            inv = Float32(0.0)
+            lse = -Float32.inf
+            if ell > 0.0:
+                inv = Float32(1.0) / ell
+                lse = (row_max[i] + cute.math.log2(sigma_p[i] * ell, fastmath=False)) * Float32(LN2)
+            if row < cfg.rows:
+                for j in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
+                    col = wg * half + c_o_mn[i, j][1]
+                    val = acc_o_mn[i, j] * inv
+                    if n_splits == 1:
+                        m_out[row, col, req] = val.to(BFloat16)
+                    else:
+                        m_o_partial[row, col, first + split] = val
+                if wg == 0 and wg_tidx % 4 == 0:
+                    if n_splits == 1:
+                        m_lse[req, row % cfg.heads, row // cfg.heads] = lse
+                    else:
+                        m_lse_partial[row, first + split] = lse
