@@ -28,8 +28,21 @@ for b, s_q, h, ps, lens, causal in cases:
     (ox, lx), (oe, le) = references(c, causal)
     print(
         f"b{b} s_q{s_q} h{h} ps{ps} lens{lens} causal={causal}: nan={int(torch.isnan(out.float()).sum())} "
-        f"emu relL2={ref.rel_l2(out.float(), oe):.2e} lse={ref.lse_max_abs(lse, le):.2e} | "
+        f"emu relL2={ref.rel_l2(out.float(), oe):.2e} vs-bf16={ref.rel_l2(out.float(), oe.bfloat16().float()):.2e} lse={ref.lse_max_abs(lse, le):.2e} | "
         f"exact relL2={ref.rel_l2(out.float(), ox):.2e} cos={ref.cos_diff(out.float(), ox):.2e} "
         f"emu-vs-exact={ref.rel_l2(oe, ox):.2e} ({time.time() - t0:.1f}s)",
         flush=True,
     )
+
+from snapmla_cute.bench import time_us  # noqa: E402
+from snapmla_cute import decode_metadata, quantize_q  # noqa: E402
+
+for b, h, s_q, L in [(128, 128, 1, 4096), (32, 64, 1, 8192), (1, 128, 1, 640), (128, 128, 2, 8192)]:
+    c = build_case(b, s_q, h, 64, [L] * b, seed=1)
+    qq = quantize_q(c["q"])
+    md = decode_metadata(c["cache_seqlens"], s_q=s_q, heads=h)
+    fn = lambda: mla_decode(qq, c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, causal=s_q > 1, check=False)
+    us = time_us(fn)
+    nbytes = b * L * 644 + b * s_q * h * (576 * 2 + 512 * 2)
+    flops = 2 * (576 + 512) * b * s_q * h * L
+    print(f"b{b} h{h} s_q{s_q} s_k{L}: {us:.1f} us  {nbytes / us / 1e3:.0f} GB/s  {flops / us / 1e6:.0f} TFLOPS", flush=True)

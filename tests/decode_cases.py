@@ -32,15 +32,17 @@ def build_case(b, s_q, h, page_size, lens, *, dist="flashmla", seed=0, device="c
     block_table = torch.full((b, width), HUGE, dtype=torch.int32)
     cache = FP8KVCache.allocate(total, page_size, device=device, fill_nan=True)
     kv, kv_scale = ref.quantize_kv_cache(k_pages)
+    used = torch.zeros(total, page_size, dtype=torch.bool)
     pos = 0
     for i, n in enumerate(n_pages):
         pages = perm[pos : pos + n]
         pos += n
         block_table[i, :n] = pages.int()
-        for j, p in enumerate(pages.tolist()):
-            used = min(page_size, lens[i] - j * page_size)
-            cache.kv[p, :used] = kv[p, :used].to(device)
-            cache.kv_scale[p, :used] = kv_scale[p, :used].to(device)
+        tok = torch.arange(n * page_size).view(n, page_size)
+        used[pages] = tok < lens[i]
+    used = used.to(device)
+    cache.kv[used] = kv.to(device)[used]
+    cache.kv_scale[used] = kv_scale.to(device)[used]
     return dict(
         q=q.to(device),
         k_pages=k_pages.to(device),

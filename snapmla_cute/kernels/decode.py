@@ -65,6 +65,7 @@ class DecodeKernel:
     def __init__(self, cfg: DecodeConfig):
         self.cfg = cfg
         self.n_sub = L.BLOCK_N // cfg.box_rows
+        self.scale_stride = max(cfg.box_rows, 32)  # floats between boxes of scales
 
     # ------------------------------------------------------------------ helpers (fmha.py)
     @staticmethod
@@ -215,7 +216,7 @@ class DecodeKernel:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             state: cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE]
-            k_scale: cute.struct.Align[cute.struct.MemRange[Float32, L.BLOCK_N * stages], 16]
+            k_scale: cute.struct.Align[cute.struct.MemRange[Float32, self.scale_stride * self.n_sub * stages], 128]
             q_nope: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(q_nope_sl)], 1024]
             q_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_rope_sl)], 1024]
             kv: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(kv_sl)], 1024]
@@ -297,7 +298,13 @@ class DecodeKernel:
         s_q_rope = storage.q_rope.get_tensor(q_rope_sl.outer, swizzle=q_rope_sl.inner)
         s_kv = storage.kv.get_tensor(kv_sl.outer, swizzle=kv_sl.inner)
         s_kr = storage.k_rope.get_tensor(kr_sl.outer, swizzle=kr_sl.inner)
-        s_ks = storage.k_scale.get_tensor(cute.make_layout((L.BLOCK_N, cfg.kv_stages)))
+        # TMA needs 128-byte aligned destinations: one 128-byte slot per box of scales
+        s_ks = storage.k_scale.get_tensor(
+            cute.make_layout(
+                (cfg.box_rows, self.n_sub, cfg.kv_stages),
+                stride=(1, self.scale_stride, self.scale_stride * self.n_sub),
+            )
+        )
         s_p = storage.p.get_tensor(p_sl.outer, swizzle=p_sl.inner)
         s_vt = cute.make_tensor(cute.recast_ptr(s_kv.iterator, vt_sl.inner), vt_sl.outer)
         s_state = storage.state.get_tensor(cute.make_layout((L.M_TILE, 4, 2)))
@@ -364,7 +371,7 @@ class DecodeKernel:
         )
         tks_s, tks_g = cpasync.tma_partition(
             tma_ks, 0, cute.make_layout(1),
-            cute.group_modes(cute.flat_divide(s_ks, (br,)), 0, 1),
+            cute.group_modes(s_ks, 0, 1),
             cute.group_modes(cute.flat_divide(g_ks, (br,)), 0, 1),
         )
         for r in cutlass.range(n_reqs, unroll=1):
@@ -533,7 +540,7 @@ class DecodeKernel:
                         m_new = m_prev
                         for j in cutlass.range_constexpr(cols_per_thr):
                             col = blk * L.BLOCK_N + c_s_mn[i, j][1]
-                            s = acc_s_mn[i, j] * q_fac[i] * s_ks[c_s_mn[i, j][1], stage] * scale_log2
+                            s = acc_s_mn[i, j] * q_fac[i] * s_ks[c_s_mn[i, j][1] % cfg.box_rows, c_s_mn[i, j][1] // cfg.box_rows, stage] * scale_log2
                             if col >= n_vis[i]:
                                 s = -Float32.inf
                             acc_s_mn[i, j] = s
@@ -547,7 +554,7 @@ class DecodeKernel:
                         for j in cutlass.range_constexpr(cols_per_thr):
                             p = cute.math.exp2(acc_s_mn[i, j] - m_safe, fastmath=True)
                             sum_cur += p
-                            pf = p * s_ks[c_s_mn[i, j][1], stage]  # P' = P·σ_k
+                            pf = p * s_ks[c_s_mn[i, j][1] % cfg.box_rows, c_s_mn[i, j][1] // cfg.box_rows, stage]  # P' = P·σ_k
                             if acc_s_mn[i, j] == -Float32.inf:
                                 pf = 0.0
                             acc_s_mn[i, j] = pf
