@@ -209,13 +209,16 @@ def decode_metadata(
     return md
 
 
+DECODE_TUNING: dict = {}  # DecodeConfig fields beyond the shape (tile/schedule choices)
+
+
 def _decode_launcher(heads: int, s_q: int, page_size: int, causal: bool):
     from snapmla_cute.kernels.decode import DecodeConfig
 
-    key = ("decode", heads, s_q, page_size, causal)
+    key = ("decode", heads, s_q, page_size, causal, tuple(sorted(DECODE_TUNING.items())))
     fn = _launchers.get(key)
     if fn is None:
-        cfg = DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal)
+        cfg = DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **DECODE_TUNING)
         fn = _launchers[key] = jit_cache.compile_kernel("decode", cfg).fn
     return fn
 

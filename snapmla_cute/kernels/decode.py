@@ -37,6 +37,10 @@ from snapmla_cute.pipelines import roles
 FP8 = cutlass.Float8E4M3FN
 LN2 = math.log(2.0)
 OOB_PAGE = 1 << 30  # TMA zero-fills coordinates past the cache
+# Each consumer WG runs its 256 output dims as `pv_splits` GEMMs, each into a zeroed
+# accumulator that is then added to O in fp32 (o = γ·o + P·V): FP8 WGMMA accumulates with a
+# narrower adder than fp32, and adding every block into one long-lived accumulator loses
+# about 2^-13 of |O| per block.
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class DecodeConfig:
     causal: bool
     kv_stages: int = 4
     alternate: bool = False  # App. C dual-WG alternation of block ownership
+    qk_promote: int = 0  # >0: sum QK in fp32 every `qk_promote` FP8 k-blocks (tensor-core accumulation is narrower)
+    pv_splits: int = 2  # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note
 
     @property
     def rows(self) -> int:
@@ -179,11 +185,11 @@ class DecodeKernel:
         K = OperandMajorMode.K
         qk_mma = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
         qk_rope_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
-        half = CONTENT_DIM // roles.NUM_CONSUMER_WGS
+        pv_n = CONTENT_DIM // roles.NUM_CONSUMER_WGS // cfg.pv_splits
         pv_mma_rs = sm90_utils.make_trivial_tiled_mma(
-            FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, half), warpgroup.OperandSource.RMEM
+            FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n), warpgroup.OperandSource.RMEM
         )
-        pv_mma_ss = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, half))
+        pv_mma_ss = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n))
 
         q_nope_sl = L.q_nope_layout()
         q_rope_sl = L.q_rope_layout()
@@ -451,6 +457,7 @@ class DecodeKernel:
         tidx, _, _ = cute.arch.thread_idx()
         wg_tidx = tidx % roles.THREADS_PER_WG
         half = CONTENT_DIM // roles.NUM_CONSUMER_WGS
+        pv_n = half // cfg.pv_splits
         qk_thr = qk_mma.get_slice(wg_tidx)
         qkr_thr = qk_rope_mma.get_slice(wg_tidx)
         pv_rs_thr = pv_mma_rs.get_slice(wg_tidx)
@@ -460,17 +467,25 @@ class DecodeKernel:
         t_k = qk_thr.make_fragment_B(qk_thr.partition_B(s_kv))
         t_qr = qkr_thr.make_fragment_A(qkr_thr.partition_A(s_q_rope))
         t_kr = qkr_thr.make_fragment_B(qkr_thr.partition_B(s_kr))
-        s_vt_half = cute.slice_(cute.flat_divide(s_vt, (half, L.BLOCK_N)), (None, None, wg, 0, None))
-        t_v_rs = pv_rs_thr.make_fragment_B(pv_rs_thr.partition_B(s_vt_half))
-        t_v_ss = pv_ss_thr.make_fragment_B(pv_ss_thr.partition_B(s_vt_half))
+        s_vt_parts = cute.flat_divide(s_vt, (pv_n, L.BLOCK_N))  # (pv_n, 64, 512/pv_n, 1, stages)
+        t_v_rs = [
+            pv_rs_thr.make_fragment_B(pv_rs_thr.partition_B(cute.slice_(s_vt_parts, (None, None, wg * cfg.pv_splits + h, 0, None))))
+            for h in range(cfg.pv_splits)
+        ]
+        t_v_ss = [
+            pv_ss_thr.make_fragment_B(pv_ss_thr.partition_B(cute.slice_(s_vt_parts, (None, None, wg * cfg.pv_splits + h, 0, None))))
+            for h in range(cfg.pv_splits)
+        ]
         t_p_ss = pv_ss_thr.make_fragment_A(pv_ss_thr.partition_A(s_p))
         t_p_store = pv_rs_thr.partition_A(s_p)  # this thread's register-layout view of sP
 
-        acc_o = pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, half)))
-        acc_o_mn = cute.make_tensor(acc_o.iterator, self._layout_acc_mn(pv_mma_rs, acc_o.layout))
+        acc_o = [pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n))) for _ in range(cfg.pv_splits)]
+        acc_o_mn = [cute.make_tensor(a.iterator, self._layout_acc_mn(pv_mma_rs, a.layout)) for a in acc_o]
+        acc_t = pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n)))
+        acc_t_mn = cute.make_tensor(acc_t.iterator, self._layout_acc_mn(pv_mma_rs, acc_t.layout))
         c_s = qk_thr.partition_C(cute.make_identity_tensor((L.M_TILE, L.BLOCK_N)))
         c_s_mn = cute.make_tensor(c_s.iterator, self._layout_acc_mn(qk_mma, c_s.layout))
-        c_o = pv_rs_thr.partition_C(cute.make_identity_tensor((L.M_TILE, half)))
+        c_o = pv_rs_thr.partition_C(cute.make_identity_tensor((L.M_TILE, pv_n)))
         c_o_mn = cute.make_tensor(c_o.iterator, self._layout_acc_mn(pv_mma_rs, c_o.layout))
         rows_per_thr = cute.size(c_s_mn, mode=[0])
         cols_per_thr = cute.size(c_s_mn, mode=[1])
@@ -508,7 +523,8 @@ class DecodeKernel:
                     q_fac[i] = m_q_scale[row, req]
                     if cutlass.const_expr(cfg.causal):
                         n_vis[i] = seqlen - cfg.s_q + row // cfg.heads + 1
-            acc_o.fill(0.0)
+            for h in cutlass.range_constexpr(cfg.pv_splits):
+                acc_o[h].fill(0.0)
             hq = q_cons.wait_and_advance()
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 slot = k_global % 2
@@ -520,15 +536,38 @@ class DecodeKernel:
                 if mine:
                     # ---- QK: e4m3 content + bf16 RoPE into one accumulator (Eq. 6)
                     acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
-                        qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(qk_mma, acc_s, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_s)
-                    for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
-                        qk_rope_mma.set(warpgroup.Field.ACCUMULATE, True)
-                        cute.gemm(qk_rope_mma, acc_s, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_s)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
+                    if cutlass.const_expr(cfg.qk_promote > 0):
+                        # borrows the PV temp's registers: the two are never live together
+                        acc_qt = cute.make_tensor(acc_t.iterator, acc_s.layout)
+                        n_kb = cute.size(t_q, mode=[2])
+                        for g in cutlass.range_constexpr(n_kb // cfg.qk_promote + 1):
+                            warpgroup.fence()
+                            if cutlass.const_expr(g < n_kb // cfg.qk_promote):
+                                for kk in cutlass.range_constexpr(cfg.qk_promote):
+                                    kb = g * cfg.qk_promote + kk
+                                    qk_mma.set(warpgroup.Field.ACCUMULATE, kk != 0)
+                                    cute.gemm(qk_mma, acc_qt, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_qt)
+                            else:
+                                for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
+                                    qk_rope_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                                    cute.gemm(qk_rope_mma, acc_qt, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_qt)
+                            warpgroup.commit_group()
+                            warpgroup.wait_group(0)
+                            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                                if cutlass.const_expr(g == 0):
+                                    acc_s[e] = acc_qt[e]
+                                else:
+                                    acc_s[e] = acc_s[e] + acc_qt[e]
+                    else:
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
+                            qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(qk_mma, acc_s, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_s)
+                        for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
+                            qk_rope_mma.set(warpgroup.Field.ACCUMULATE, True)
+                            cute.gemm(qk_rope_mma, acc_s, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_s)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
                     # ---- V transposition in place (tokens past the sequence zeroed)
                     self.transpose_v(s_kv_words, stage, seqlen - blk * L.BLOCK_N, wg, wg_tidx)
                     # ---- softmax with V-scale fusion and block-wise P quantization
@@ -597,14 +636,14 @@ class DecodeKernel:
                     wg_sync.arrive_and_wait()
                     pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
                     # ---- PV (own P from registers)
-                    for i in cutlass.range_constexpr(rows_per_thr):
-                        for j in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
-                            acc_o_mn[i, j] = acc_o_mn[i, j] * gamma[i]
-                    warpgroup.fence()
-                    pv_mma_rs.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(pv_mma_rs, acc_o, t_p, t_v_rs[None, None, None, stage], acc_o)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
+                    for h in cutlass.range_constexpr(cfg.pv_splits):
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
+                            pv_mma_rs.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(pv_mma_rs, acc_t, t_p[None, None, kb], t_v_rs[h][None, None, kb, stage], acc_t)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+                        self.rescale_add(acc_o_mn[h], acc_t_mn, gamma)
                 else:
                     pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
                     for i in cutlass.range_constexpr(rows_per_thr):
@@ -613,15 +652,14 @@ class DecodeKernel:
                         sigma_p[i] = s_state[lr, 1, slot]
                         row_sum[i] = s_state[lr, 2, slot]
                         gamma[i] = s_state[lr, 3, slot]
-                    for i in cutlass.range_constexpr(rows_per_thr):
-                        for j in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
-                            acc_o_mn[i, j] = acc_o_mn[i, j] * gamma[i]
-                    warpgroup.fence()
-                    pv_mma_ss.set(warpgroup.Field.ACCUMULATE, True)
-                    for kb in cutlass.range_constexpr(cute.size(t_p_ss, mode=[2])):
-                        cute.gemm(pv_mma_ss, acc_o, t_p_ss[None, None, kb, slot], t_v_ss[None, None, kb, stage], acc_o)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
+                    for h in cutlass.range_constexpr(cfg.pv_splits):
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(cute.size(t_p_ss, mode=[2])):
+                            pv_mma_ss.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(pv_mma_ss, acc_t, t_p_ss[None, None, kb, slot], t_v_ss[h][None, None, kb, stage], acc_t)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+                        self.rescale_add(acc_o_mn[h], acc_t_mn, gamma)
                     pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
                 hk.release()
                 k_global += 1
@@ -632,18 +670,25 @@ class DecodeKernel:
             )
 
     @cute.jit
+    def rescale_add(self, acc_mn, blk_mn, gamma):
+        """o = γ·o + (this block's P·V), in fp32 on the CUDA cores."""
+        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                acc_mn[i, j] = acc_mn[i, j] * gamma[i] + blk_mn[i, j]
+
+    @cute.jit
     def epilogue(
         self, acc_o_mn, c_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
         m_split_offsets, m_tile, req, r, begin_split, any_blocks, wg, wg_tidx,
     ):
         cfg = self.cfg
-        half = CONTENT_DIM // roles.NUM_CONSUMER_WGS
+        pv_n = CONTENT_DIM // roles.NUM_CONSUMER_WGS // cfg.pv_splits
         first = m_split_offsets[req]
         n_splits = m_split_offsets[req + 1] - first
         split = Int32(0)
         if r == 0:
             split = begin_split
-        for i in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[0])):
+        for i in cutlass.range_constexpr(cute.size(c_o_mn, mode=[0])):
             row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
             ell = row_sum[i]
             if not any_blocks:
@@ -654,13 +699,14 @@ class DecodeKernel:
                 inv = Float32(1.0) / ell
                 lse = (row_max[i] + cute.math.log2(sigma_p[i] * ell, fastmath=False)) * Float32(LN2)
             if row < cfg.rows:
-                for j in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
-                    col = wg * half + c_o_mn[i, j][1]
-                    val = acc_o_mn[i, j] * inv
-                    if n_splits == 1:
-                        m_out[row, col, req] = val.to(BFloat16)
-                    else:
-                        m_o_partial[row, col, first + split] = val
+                for h in cutlass.range_constexpr(cfg.pv_splits):
+                    for j in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[1])):
+                        col = (wg * cfg.pv_splits + h) * pv_n + c_o_mn[i, j][1]
+                        val = acc_o_mn[h][i, j] * inv
+                        if n_splits == 1:
+                            m_out[row, col, req] = val.to(BFloat16)
+                        else:
+                            m_o_partial[row, col, first + split] = val
                 if wg == 0 and wg_tidx % 4 == 0:
                     if n_splits == 1:
                         m_lse[req, row % cfg.heads, row // cfg.heads] = lse
