@@ -267,44 +267,12 @@ def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) ->
 # --------------------------------------------------------------------------------------------
 
 
-# --------------------------------------------------------------------------------------------
-# Tensor-core accumulation models
-# --------------------------------------------------------------------------------------------
-
-MMA_MODELS = ("fp32", "sm90")
-FP8_MMA_K = 32  # k extent of one FP8 WGMMA instruction
-
-
-def trunc_e8m13(x: torch.Tensor) -> torch.Tensor:
-    """Drops the 10 low mantissa bits of fp32 values (toward zero): Hopper's FP8 tensor cores
-    accumulate in an e8m13 format, so each FP8 WGMMA step leaves its sum truncated like this."""
-    return (x.float().contiguous().view(torch.int32) & ~0x3FF).view(torch.float32)
-
-
-def fp8_matmul(a: torch.Tensor, b_t: torch.Tensor, mma: str, acc: torch.Tensor | None = None) -> torch.Tensor:
-    """``acc + a @ b_t.T`` for e4m3-valued fp32 operands, accumulated as the MMA model says.
-
-    ``"fp32"``: an exact-product fp32 GEMM. ``"sm90"``: one k=32 WGMMA step at a time, the
-    running sum truncated to e8m13 after each step (products within a step are exact).
-    """
-    if mma == "fp32":
-        out = a @ b_t.T
-        return out if acc is None else acc + out
-    if mma != "sm90":
-        raise ValueError(f"mma: expected one of {MMA_MODELS}, got {mma!r}")
-    out = torch.zeros(a.shape[0], b_t.shape[0], dtype=torch.float32, device=a.device) if acc is None else acc
-    for k0 in range(0, a.shape[1], FP8_MMA_K):
-        out = trunc_e8m13(out + a[:, k0 : k0 + FP8_MMA_K] @ b_t[:, k0 : k0 + FP8_MMA_K].T)
-    return out
-
-
 def _decode_one(
     q_codes: torch.Tensor,
     q_scale: torch.Tensor,
     kq: _QuantizedK,
     vis: torch.Tensor,
     softmax_scale: float,
-    mma: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Algorithm 1 for R query rows against one request's L keys, all in fp32.
 
@@ -315,9 +283,7 @@ def _decode_one(
     dev = q_codes.device
     # QK: FP8 content GEMM and BF16 RoPE GEMM into one fp32 accumulator (Eq. 6), then
     # S·σ_q·σ_k·softmax_scale in the log2 domain.
-    # FP8 content GEMM, then the bf16 RoPE GEMM accumulating into it (fp32 adder)
-    acc = fp8_matmul(q_codes[:, :CONTENT_DIM], kq.qk_codes[:, :CONTENT_DIM], mma)
-    acc = acc + q_codes[:, CONTENT_DIM:] @ kq.qk_codes[:, CONTENT_DIM:].T  # [R, L]
+    acc = q_codes @ kq.qk_codes.T  # [R, L]
     s2 = acc * q_scale[:, None] * kq.qk_scale[None, :] * torch.tensor(
         softmax_scale * LOG2E, dtype=torch.float32
     )
@@ -346,8 +312,7 @@ def _decode_one(
         ell_cur = ell_cur * inv_p  # line 8: ℓ_cur / σ_p_cur
         gamma = torch.exp2(m - m_safe) * sigma_p * inv_p  # line 9: exp(m - m_new)·σ_p/σ_p_cur
         gamma = torch.where(torch.isinf(m), torch.zeros_like(gamma), gamma)
-        # lines 10, 15: implicit dequant; each block's P·V is its own (zeroed) accumulator
-        o = gamma[:, None] * o + fp8_matmul(p_q, kq.v_values[blk].T, mma)
+        o = gamma[:, None] * o + p_q @ kq.v_values[blk]  # lines 10, 15: implicit dequant
         ell = gamma * ell + ell_cur
         m, sigma_p = m_new, sigma_cur
     empty = ell == 0
@@ -366,15 +331,12 @@ def mla_decode_emulated(
     softmax_scale: float | None = None,
     causal: bool = False,
     config: QuantConfig | str = SNAPMLA,
-    mma: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bit-faithful emulation of SnapMLA's FP8 decode (fp32 math, e4m3 rounding as the GPU).
 
     ``cache`` is either the FP8 cache ``(kv uint8 [P, ps, 640], kv_scale fp32 [P, ps])`` (only
     with the SnapMLA config — exactly what the kernel reads) or unquantized pages
     ``[P, ps, 576]``, quantized here under ``config``. ``q`` is bf16/fp32 ``[b, s_q, h, 576]``.
-    ``mma`` picks the tensor-core accumulation model: ``"fp32"`` (ideal) or ``"sm90"``
-    (Hopper FP8 WGMMA: e8m13 running sums per k=32 step, see ``fp8_matmul``).
     Returns fp32 ``out [b, s_q, h, 512]`` and ``lse [b, h, s_q]``.
     """
     cfg = CONFIGS[config] if isinstance(config, str) else config
@@ -406,7 +368,7 @@ def mla_decode_emulated(
             kq = _quantize_k(_gather(cache, block_table, bi, L).to(dev), cfg, tensor_amax)
         vis = torch.tensor(_visible_lengths(L, s_q, causal), device=dev).repeat_interleave(h)
         o, l_ = _decode_one(
-            q_codes[bi].reshape(s_q * h, HEAD_DIM), q_scale[bi].reshape(s_q * h), kq, vis, scale, mma
+            q_codes[bi].reshape(s_q * h, HEAD_DIM), q_scale[bi].reshape(s_q * h), kq, vis, scale
         )
         out[bi] = o.view(s_q, h, CONTENT_DIM)
         lse[bi] = l_.view(s_q, h).T

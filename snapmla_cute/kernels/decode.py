@@ -535,12 +535,9 @@ class DecodeKernel:
                 stage = hk.index
                 if mine:
                     # ---- QK: e4m3 content + bf16 RoPE into one accumulator (Eq. 6)
-                    s_layout = qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N))
-                    acc_s = qk_thr.make_fragment_C(s_layout)
+                    acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
                     if cutlass.const_expr(cfg.qk_promote > 0):
-                        # S and its partial sums live in the PV temp's registers (64 floats),
-                        # which are free until the PV GEMM: no register beyond the baseline
-                        acc_s = cute.make_tensor(acc_t.iterator + cute.size(acc_s), acc_s.layout)
+                        # borrows the PV temp's registers: the two are never live together
                         acc_qt = cute.make_tensor(acc_t.iterator, acc_s.layout)
                         n_kb = cute.size(t_q, mode=[2])
                         for g in cutlass.range_constexpr(n_kb // cfg.qk_promote + 1):
