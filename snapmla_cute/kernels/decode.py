@@ -242,6 +242,7 @@ class DecodeKernel:
             block=[roles.THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
+            min_blocks_per_mp=1,  # fixes the register pool so ptxas honours setmaxnreg
         )
 
     # ------------------------------------------------------------------ device side
