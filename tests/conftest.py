@@ -23,3 +23,10 @@ def seed():
     torch.manual_seed(s)
     print(f"seed={s}")
     return s
+
+
+def pytest_configure(config):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))  # tests/decode_cases.py

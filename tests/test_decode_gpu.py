@@ -1,0 +1,129 @@
+"""GPU tests of the FP8 decode: every case against the bit-faithful emulation and float64."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from decode_cases import build_case, references
+from snapmla_cute import FP8KVCache, decode_metadata, mla_decode, quantize_q
+from snapmla_cute import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+EMU_REL, EMU_LSE = 2e-3, 1e-3  # vs the emulation (kernel output is bf16: compare with bf16-rounded emulation)
+EXACT_REL, EXACT_COS = 5e-2, 1.5e-3  # vs float64 exact attention, FlashMLA-style data
+
+
+def _run_and_check(b, s_q, h, page_size, lens, causal, *, dist="flashmla", seed=0, softmax_scale=None, metadata=None):
+    c = build_case(b, s_q, h, page_size, lens, dist=dist, seed=seed)
+    out = torch.full((b, s_q, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((b, h, s_q), float("nan"), device="cuda")
+    r_out, r_lse = mla_decode(
+        c["q"], c["cache"], c["block_table"], c["cache_seqlens"], causal=causal, out=out, lse=lse,
+        softmax_scale=softmax_scale, metadata=metadata,
+    )
+    assert r_out is out and r_lse is lse
+    assert not torch.isnan(out.float()).any(), "output not fully written, or NaN leaked"
+    assert not torch.isnan(lse).any()
+    (ox, lx), (oe, le) = references(c, causal, softmax_scale)
+    got = out.float()
+    emu_err = ref.rel_l2(got, oe.bfloat16().float())
+    assert emu_err <= EMU_REL, f"vs emulation rel-L2 {emu_err:.2e}"
+    assert ref.lse_max_abs(lse, le) <= EMU_LSE, f"vs emulation LSE {ref.lse_max_abs(lse, le):.2e}"
+    assert torch.equal(torch.isinf(lse), torch.isinf(lx.float()))
+    if dist == "flashmla":
+        assert ref.rel_l2(got, ox) <= EXACT_REL
+        assert ref.cos_diff(got, ox) <= EXACT_COS
+    else:
+        assert ref.rel_l2(got, ox) <= 1.1 * ref.rel_l2(oe, ox)
+    return c, out, lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("s_q", [1, 2, 3, 4])
+@pytest.mark.parametrize("h", [16, 32, 64, 128])
+def test_heads_and_query_lengths(seed, h, s_q, causal):
+    rng = random.Random(seed)
+    page_size = rng.choice([16, 32, 64, 128])
+    lens = [0, rng.randint(1, 300), rng.randint(1000, 3000)]
+    _run_and_check(3, s_q, h, page_size, lens, causal, seed=seed)
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128])
+def test_page_sizes_and_block_edges(seed, page_size):
+    lens = [1, 63, 64, 65, page_size, page_size + 1, 2 * page_size - 1, 777]
+    _run_and_check(len(lens), 2, 64, page_size, lens, True, seed=seed)
+
+
+@pytest.mark.parametrize("h, s_q, causal", [(128, 1, False), (16, 4, True)])
+def test_long_varlen_batch(seed, h, s_q, causal):
+    lens = [0, 1, 65536 + 37, 20000]
+    _run_and_check(4, s_q, h, 64, lens, causal, seed=seed)
+
+
+def test_large_batch(seed):
+    rng = random.Random(seed)
+    lens = [rng.randint(0, 2000) for _ in range(256)]
+    _run_and_check(256, 1, 32, 64, lens, False, seed=seed)
+
+
+@pytest.mark.parametrize("s_q, causal", [(1, False), (2, True)])
+def test_paper_style_data(seed, s_q, causal):
+    _run_and_check(2, s_q, 64, 64, [4000, 1500], causal, dist="paper", seed=seed)
+
+
+def test_custom_softmax_scale(seed):
+    _run_and_check(2, 1, 32, 64, [500, 900], False, seed=seed, softmax_scale=0.07)
+
+
+def test_prequantized_q_matches_bf16_path(seed):
+    c = build_case(2, 2, 64, 32, [300, 1200], seed=seed)
+    a = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], causal=True)
+    b = mla_decode(quantize_q(c["q"]), c["cache"], c["block_table"], c["cache_seqlens"], causal=True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_metadata_reused_with_new_lengths(seed):
+    b, h = 4, 64
+    c = build_case(b, 1, h, 64, [3000, 3000, 3000, 3000], seed=seed)
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h)
+    for new in ([3000, 5, 0, 2999], [1, 2, 3, 4], [3000, 3000, 3000, 3000]):
+        lens = torch.tensor(new, dtype=torch.int32, device="cuda")
+        out, lse = mla_decode(c["q"], c["cache"], c["block_table"], lens, metadata=md)
+        want = ref.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], lens)
+        assert ref.rel_l2(out.float(), want[0].bfloat16().float()) <= EMU_REL
+        assert ref.lse_max_abs(lse, want[1]) <= EMU_LSE
+
+
+def test_bad_inputs_rejected_before_launch(seed):
+    c = build_case(2, 1, 64, 64, [100, 200], seed=seed)
+    q, cache, bt, lens = c["q"], c["cache"], c["block_table"], c["cache_seqlens"]
+    out = torch.full((2, 1, 64, 512), 7.0, dtype=torch.bfloat16, device="cuda")
+    cases = [
+        (lambda: mla_decode(q.float(), cache, bt, lens), TypeError, "bfloat16"),
+        (lambda: mla_decode(q[:, :, :48], cache, bt, lens), ValueError, "heads in"),
+        (lambda: mla_decode(torch.zeros(2, 5, 64, 576, dtype=torch.bfloat16, device="cuda"), cache, bt, lens), ValueError, "s_q"),
+        (lambda: mla_decode(q, cache, bt.long(), lens), TypeError, "block_table"),
+        (lambda: mla_decode(q, cache, bt, lens.long()), TypeError, "cache_seqlens"),
+        (lambda: mla_decode(q, cache, bt[:1], lens), ValueError, "batch"),
+        (lambda: mla_decode(q, cache, bt[:, :1], lens), ValueError, "needs 4 pages"),
+        (lambda: mla_decode(q, cache, bt, lens - 500), ValueError, ">= 0"),
+        (lambda: mla_decode(q, cache, bt.cpu(), lens), ValueError, "CUDA"),
+        (lambda: mla_decode(q, cache.kv, bt, lens), TypeError, "FP8KVCache"),
+        (lambda: mla_decode(q, cache, bt, lens, out=out[:, :, :32]), ValueError, "out: expected shape"),
+        (lambda: mla_decode(q, cache, bt, lens, out=out.float()), TypeError, "out"),
+        (lambda: mla_decode(q, cache, bt, lens, lse=torch.empty(2, 1, 64, device="cuda")), ValueError, "lse: expected shape"),
+        (lambda: mla_decode(q, cache, bt, lens, metadata=decode_metadata(lens, s_q=2, heads=64)), ValueError, "metadata"),
+    ]
+    for call, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            call()
+    assert torch.all(out == 7.0)
+
+
+def test_zero_length_batch_gives_zero_and_neg_inf(seed):
+    c = build_case(3, 2, 32, 64, [0, 0, 0], seed=seed)
+    out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], causal=True)
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
