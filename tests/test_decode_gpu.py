@@ -103,7 +103,7 @@ def test_bad_inputs_rejected_before_launch(seed):
     out = torch.full((2, 1, 64, 512), 7.0, dtype=torch.bfloat16, device="cuda")
     cases = [
         (lambda: mla_decode(q.float(), cache, bt, lens), TypeError, "bfloat16"),
-        (lambda: mla_decode(q[:, :, :48], cache, bt, lens), ValueError, "heads in"),
+        (lambda: mla_decode(q[:, :, :48].contiguous(), cache, bt, lens), ValueError, "heads in"),
         (lambda: mla_decode(torch.zeros(2, 5, 64, 576, dtype=torch.bfloat16, device="cuda"), cache, bt, lens), ValueError, "s_q"),
         (lambda: mla_decode(q, cache, bt.long(), lens), TypeError, "block_table"),
         (lambda: mla_decode(q, cache, bt, lens.long()), TypeError, "cache_seqlens"),
