@@ -31,7 +31,9 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _check_tensor(name: str, t, dtype: torch.dtype, *, dim: int | None = None, last: int | None = None):
+def _check_tensor(
+    name: str, t, dtype: torch.dtype, *, dim: int | None = None, last: int | None = None, rows_strided: bool = False
+):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
@@ -40,7 +42,10 @@ def _check_tensor(name: str, t, dtype: torch.dtype, *, dim: int | None = None, l
         raise ValueError(f"{name}: expected {dim} dims, got shape {tuple(t.shape)}")
     if last is not None and (t.dim() == 0 or t.shape[-1] != last):
         raise ValueError(f"{name}: expected last dim {last}, got shape {tuple(t.shape)}")
-    if not t.is_contiguous():
+    if rows_strided:  # any row stride (e.g. a slice of a wider table), unit inner stride
+        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected unit stride in the last dim, got strides {t.stride()}")
+    elif not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
 
 
@@ -283,7 +288,7 @@ def mla_decode(
         raise ValueError(f"q: expected heads in {HEADS}, got {h}")
     if not 1 <= s_q <= MAX_S_Q:
         raise ValueError(f"q: expected s_q in [1, {MAX_S_Q}], got {s_q}")
-    _check_tensor("block_table", block_table, torch.int32, dim=2)
+    _check_tensor("block_table", block_table, torch.int32, dim=2, rows_strided=True)
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
     if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
         raise ValueError(

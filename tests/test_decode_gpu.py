@@ -109,6 +109,7 @@ def test_bad_inputs_rejected_before_launch(seed):
         (lambda: mla_decode(q, cache, bt, lens.long()), TypeError, "cache_seqlens"),
         (lambda: mla_decode(q, cache, bt[:1], lens), ValueError, "batch"),
         (lambda: mla_decode(q, cache, bt[:, :1], lens), ValueError, "needs 4 pages"),
+        (lambda: mla_decode(q, cache, bt.t().contiguous().t(), lens), ValueError, "unit stride"),
         (lambda: mla_decode(q, cache, bt, lens - 500), ValueError, ">= 0"),
         (lambda: mla_decode(q, cache, bt.cpu(), lens), ValueError, "CUDA"),
         (lambda: mla_decode(q, cache.kv, bt, lens), TypeError, "FP8KVCache"),
@@ -121,6 +122,17 @@ def test_bad_inputs_rejected_before_launch(seed):
         with pytest.raises(exc, match=words):
             call()
     assert torch.all(out == 7.0)
+
+
+def test_block_table_slice_of_a_wider_table(seed):
+    c = build_case(3, 1, 32, 64, [700, 64, 1], seed=seed)
+    wide = torch.full((3, c["block_table"].shape[1] + 5), 2**30, dtype=torch.int32, device="cuda")
+    wide[:, : c["block_table"].shape[1]] = c["block_table"]
+    sliced = wide[:, : c["block_table"].shape[1]]
+    assert not sliced.is_contiguous()
+    a = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"])
+    b = mla_decode(c["q"], c["cache"], sliced, c["cache_seqlens"])
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_zero_length_batch_gives_zero_and_neg_inf(seed):
