@@ -16,15 +16,18 @@ def _accuracy(args):
 
 
 def _compile(args):
-    from snapmla_cute.compile_report import compile_report, print_report
+    from snapmla_cute.compile_report import all_variants, compile_report, print_report, violations
 
-    rows = compile_report(arch=args.arch)
+    variants = all_variants(full=not args.quick)
+    if args.kernels:
+        variants = [v for v in variants if v[0] in args.kernels]
+    rows = compile_report(arch=args.arch, variants=variants, jobs=args.jobs)
     print_report(rows)
-    bad = [r for r in rows if r["local_ld"] or r["local_st"] or r["frame_bytes"]]
-    if bad:
-        print(f"local-memory traffic in: {', '.join(r['kernel'] for r in bad)}", file=sys.stderr)
-        return 1
-    return 0
+    bad = violations(rows)
+    for line in bad:
+        print(f"FAIL {line}", file=sys.stderr)
+    print(f"{len(rows)} variants compiled for {args.arch}; {len(bad)} violations")
+    return 1 if bad else 0
 
 
 def _bench(args):
@@ -48,8 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--markdown", action="store_true", help="print a GitHub-markdown table")
     a.set_defaults(func=_accuracy)
 
-    c = sub.add_parser("compile", help="compile every kernel (no GPU needed) and report SASS facts")
+    c = sub.add_parser("compile", help="compile every kernel variant (no GPU needed) and report SASS facts")
     c.add_argument("--arch", default="sm_90a")
+    c.add_argument("--quick", action="store_true", help="main decode/combine variants only")
+    c.add_argument("--kernels", nargs="+", help="only these kernels (e.g. decode decode_combine)")
+    c.add_argument("--jobs", type=int, default=2, help="parallel compile processes")
     c.set_defaults(func=_compile)
 
     b = sub.add_parser("bench", help="time the kernels on the GPU and print a table")

@@ -1,33 +1,95 @@
-"""Compile every kernel for a target arch (no GPU needed) and report what the SASS shows."""
+"""Compile every kernel variant for a target arch (no GPU needed) and report what the SASS shows.
+
+Per variant: registers per thread at launch (ELF), the highest register the code touches
+(consumer warpgroups raise their budget with setmaxnreg), stack frame bytes, local-memory
+loads/stores (spills), FP8 (QGMMA) and BF16 (HGMMA) warpgroup MMA counts.
+"""
 
 from __future__ import annotations
+
+import itertools
+import re
+from concurrent.futures import ProcessPoolExecutor
 
 from snapmla_cute import jit_cache
 from snapmla_cute.sass import kernel_resources, sass_counts
 
 
-def compile_report(arch: str = "sm_90a", names=jit_cache.KERNEL_NAMES) -> list[dict]:
-    rows = []
-    for name in names:
-        compiled = jit_cache.compile_kernel(name, arch=arch, keep_sass=True)
-        art = compiled.artifacts
-        counts = sass_counts(str(art.SASS or ""))
-        for res in kernel_resources(art.CUBIN):
-            rows.append(
-                dict(
-                    kernel=name,
-                    config=repr(compiled.config),
-                    arch=arch,
-                    registers=res.registers,
-                    frame_bytes=res.frame_bytes,
-                    local_ld=counts.local_ld,
-                    local_st=counts.local_st,
-                    qgmma=counts.qgmma,
-                    hgmma=counts.hgmma,
-                    sass_instructions=counts.instructions,
-                )
-            )
-    return rows
+def decode_variants(full: bool = True) -> list:
+    from snapmla_cute.format import PAGE_SIZES
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.ops import HEADS, MAX_S_Q
+
+    if not full:
+        shapes = [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 32, True), (32, 3, 128, False)]
+    else:
+        shapes = list(itertools.product(HEADS, range(1, MAX_S_Q + 1), PAGE_SIZES, (False, True)))
+    return [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
+
+
+def combine_variants(full: bool = True) -> list:
+    from snapmla_cute.kernels.decode_combine import CombineConfig
+    from snapmla_cute.ops import HEADS, MAX_S_Q
+
+    shapes = itertools.product(HEADS, range(1, MAX_S_Q + 1)) if full else [(128, 1), (16, 4)]
+    return [CombineConfig(heads=h, s_q=s) for h, s in shapes]
+
+
+def all_variants(full: bool = True) -> list[tuple[str, object]]:
+    out = [(name, None) for name in jit_cache.KERNEL_NAMES]
+    out.append(("decode_scheduler", None))
+    out += [("decode_combine", c) for c in combine_variants(full)]
+    out += [("decode", c) for c in decode_variants(full)]
+    return out
+
+
+def _report_one(args) -> dict:
+    name, config, arch = args
+    compiled = jit_cache.compile_kernel(name, config, arch=arch, keep_sass=True)
+    art = compiled.artifacts
+    sass = str(art.SASS or "")
+    counts = sass_counts(sass)
+    regs_used = max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=-1) + 1
+    res = kernel_resources(art.CUBIN)[0]
+    return dict(
+        kernel=name,
+        variant=_short(compiled.config),
+        registers=res.registers,
+        max_reg_used=regs_used,
+        frame_bytes=res.frame_bytes,
+        local_ld=counts.local_ld,
+        local_st=counts.local_st,
+        qgmma=counts.qgmma,
+        hgmma=counts.hgmma,
+        sass_instructions=counts.instructions,
+    )
+
+
+def _short(config) -> str:
+    if config is None:
+        return "-"
+    return " ".join(f"{k}={v}" for k, v in vars(config).items())
+
+
+def compile_report(arch: str = "sm_90a", variants=None, jobs: int = 1) -> list[dict]:
+    variants = all_variants() if variants is None else variants
+    work = [(name, cfg, arch) for name, cfg in variants]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(_report_one, work))
+    return [_report_one(w) for w in work]
+
+
+def violations(rows) -> list[str]:
+    """What CI rejects: local-memory traffic anywhere; a decode variant without QGMMA or HGMMA."""
+    bad = []
+    for r in rows:
+        where = f"{r['kernel']} [{r['variant']}]"
+        if r["local_ld"] or r["local_st"] or r["frame_bytes"]:
+            bad.append(f"{where}: local memory ({r['local_ld']} LDL, {r['local_st']} STL, {r['frame_bytes']} B frame)")
+        if r["kernel"] == "decode" and (r["qgmma"] == 0 or r["hgmma"] == 0):
+            bad.append(f"{where}: QGMMA {r['qgmma']}, HGMMA {r['hgmma']}")
+    return bad
 
 
 def print_report(rows):

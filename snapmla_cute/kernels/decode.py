@@ -323,19 +323,10 @@ class DecodeKernel:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        batch = m_seqlens.shape[0]
-        begin_req = m_sched[part, 0]
-        begin_blk = m_sched[part, 1]
-        end_req = m_sched[part, 2]
-        end_blk = m_sched[part, 3]
-        begin_split = m_sched[part, 4]
-        n_reqs = Int32(0)
-        if begin_req < batch:
-            n_reqs = end_req - begin_req + 1
-
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
             if warp_idx == 0:
+                begin_req, begin_blk, end_req, end_blk, _, n_reqs = self.read_schedule(m_sched, m_seqlens, part)
                 self.load(
                     tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
                     s_q_nope, s_q_rope, s_kv, s_kr, s_ks, m_block_table, m_seqlens,
@@ -343,6 +334,8 @@ class DecodeKernel:
                 )
         else:
             cute.arch.setmaxregister_increase(roles.CONSUMER_REGS)
+            # read after setmaxnreg: values live across it would be spilled to local memory
+            begin_req, begin_blk, end_req, end_blk, begin_split, n_reqs = self.read_schedule(m_sched, m_seqlens, part)
             self.consume(
                 qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss,
                 s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state,
@@ -350,6 +343,15 @@ class DecodeKernel:
                 scale_log2, q_cons, kv_cons, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
                 n_reqs, wg_idx - 1,
             )
+
+    @cute.jit
+    def read_schedule(self, m_sched, m_seqlens, part):
+        """This part's work: (begin request, begin block, end request, end block, begin split, n requests)."""
+        begin_req = m_sched[part, 0]
+        n_reqs = Int32(0)
+        if begin_req < m_seqlens.shape[0]:
+            n_reqs = m_sched[part, 2] - begin_req + 1
+        return begin_req, m_sched[part, 1], m_sched[part, 2], m_sched[part, 3], m_sched[part, 4], n_reqs
 
     # ------------------------------------------------------------------ producer
     @cute.jit
