@@ -136,3 +136,90 @@ def print_table(rows, json_path: str | None = None):
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
     print(tabulate(rows, headers="keys", floatfmt=".1f"))
+
+
+DECODE_SHAPES = [
+    # (b, h, s_q, s_k, varlen): the performance issue's table
+    (128, 128, 1, 4096, False),
+    (128, 128, 1, 8192, False),
+    (128, 128, 1, 32768, False),
+    (128, 128, 2, 8192, False),
+    (32, 64, 1, 8192, False),
+    (128, 128, 1, 640, False),
+    (1, 128, 1, 640, False),
+    (128, 128, 1, 8192, True),
+]
+
+
+def _decode_lengths(b: int, s_k: int, varlen: bool, seed: int = 0) -> list[int]:
+    if not varlen:
+        return [s_k] * b
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(s_k // 2, s_k * 3 // 2 + 1, (b,), generator=g).tolist()
+
+
+def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True) -> list[dict]:
+    """Times ``mla_decode`` (pre-quantized q, reused metadata, CUDA-graph replay) and the
+    bf16-input path (quantize + decode); checks each shape against the emulation first."""
+    from snapmla_cute import FP8KVCache, anchors, decode_metadata, mla_decode, quantize_q
+    from snapmla_cute import reference as ref
+
+    name = torch.cuda.get_device_name()
+    kind = anchors.device_kind(name)
+    copy_tbps = measure_copy_tbps()
+    peak = anchors.CEILINGS[kind]["mixed_fp8_tflops"] if kind else float("nan")
+    rows = []
+    for b, h, s_q, s_k, varlen in shapes:
+        lens = _decode_lengths(b, s_k, varlen)
+        causal = s_q > 1
+        pages_per = [(L + page_size - 1) // page_size for L in lens]
+        total_pages = sum(pages_per)
+        cache = FP8KVCache.allocate(total_pages, page_size)
+        kv = (torch.randn(total_pages * page_size, 576, device="cuda") / 10).clamp(-1, 1).to(torch.bfloat16)
+        from snapmla_cute import append_kv
+
+        append_kv(cache, kv, torch.arange(total_pages * page_size, device="cuda"), check=False)
+        perm = torch.randperm(total_pages, device="cuda").int()
+        block_table = torch.zeros(b, max(pages_per), dtype=torch.int32, device="cuda")
+        pos = 0
+        for i, n in enumerate(pages_per):
+            block_table[i, :n] = perm[pos : pos + n]
+            pos += n
+        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        q = torch.randn(b, s_q, h, 576, device="cuda").to(torch.bfloat16)
+        qq = quantize_q(q)
+        md = decode_metadata(seqlens, s_q=s_q, heads=h)
+        out, lse = mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md)
+        if verify:  # two requests against the emulation before any timing
+            n_chk = min(b, 2)
+            emu = ref.mla_decode_emulated(
+                q[:n_chk], (cache.kv, cache.kv_scale), block_table[:n_chk], seqlens[:n_chk], causal=causal
+            )
+            err = ref.rel_l2(out[:n_chk].float(), emu[0].bfloat16().float())
+            if err > 2e-3:
+                raise RuntimeError(f"decode b{b} h{h} s_q{s_q} s_k{s_k}: rel-L2 {err:.2e} vs emulation")
+        us = time_us(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
+        us_e2e = time_us(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
+        host = host_us_per_call(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
+        tokens = sum(lens)
+        flops = 2 * (576 + 512) * s_q * h * tokens
+        nbytes = tokens * 644 + b * s_q * h * (512 + 128 + 4 + 512 * 2 + 4)
+        floor_us = max(nbytes / (copy_tbps * 1e6), flops / (peak * 1e6))
+        base = anchors.flashmla_us(kind, b, h, s_q, s_k, varlen)
+        rows.append(
+            dict(
+                shape=f"b{b} h{h} s_q{s_q} s_k{s_k}{' varlen' if varlen else ''}{' causal' if causal else ''}",
+                us=round(us, 1),
+                TFLOPS=round(flops / us / 1e6),
+                GBps=round(nbytes / us / 1e3),
+                floor_us=round(floor_us, 1),
+                pct_floor=round(100 * floor_us / us, 1),
+                flashmla_bf16_us=base,
+                speedup=round(base / us, 2) if base else None,
+                e2e_bf16_q_us=round(us_e2e, 1),
+                host_us=round(host, 1),
+            )
+        )
+        del cache, kv
+        torch.cuda.empty_cache()
+    return rows

@@ -31,11 +31,14 @@ def _compile(args):
 
 
 def _bench(args):
-    from snapmla_cute.bench import bench_fused, device_copy_tbps, print_table
+    from snapmla_cute.bench import bench_decode, bench_fused, device_copy_tbps, print_table
 
     name, tbps = device_copy_tbps()
-    print(f"device: {name}; anchor copy bandwidth {tbps} TB/s (the table uses the copy measured now)")
-    print_table(bench_fused(tokens=args.tokens, page_size=args.page_size), json_path=args.json)
+    print(f"device: {name}; anchor copy bandwidth {tbps} TB/s (tables use the copy measured now)")
+    if args.what == "fused":
+        print_table(bench_fused(tokens=args.tokens, page_size=args.page_size), json_path=args.json)
+    else:
+        print_table(bench_decode(page_size=args.page_size), json_path=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_compile)
 
     b = sub.add_parser("bench", help="time the kernels on the GPU and print a table")
+    b.add_argument("what", nargs="?", choices=["decode", "fused"], default="decode")
     b.add_argument("--tokens", type=int, nargs="+", default=[1 << 16, 1 << 20, 1 << 22])
     b.add_argument("--page-size", type=int, default=64)
     b.add_argument("--json", help="also write the rows as JSON here")

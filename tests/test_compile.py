@@ -3,18 +3,48 @@
 import pytest
 
 from snapmla_cute import jit_cache
-from snapmla_cute.compile_report import compile_report
+from snapmla_cute.compile_report import all_variants, compile_report, violations
 from snapmla_cute.sass import sass_counts
 
 
 @pytest.fixture(scope="module")
 def report():
-    return {r["kernel"]: r for r in compile_report(arch="sm_90a")}
+    """The main variants (the CLI `snapmla-cute compile` in CI covers every one)."""
+    return compile_report(arch="sm_90a", variants=all_variants(full=False), jobs=2)
+
+
+@pytest.fixture(scope="module")
+def by_kernel(report):
+    return {r["kernel"]: r for r in report}
+
+
+def test_no_variant_violates(report):
+    assert violations(report) == []
+
+
+def test_decode_variants_run_fp8_and_bf16_warpgroup_mmas(report):
+    decode = [r for r in report if r["kernel"] == "decode"]
+    assert len(decode) >= 4
+    for r in decode:
+        # per 64-token block: 16 QK k-blocks (e4m3) + PV k-blocks, RoPE QK in bf16
+        assert r["qgmma"] >= 16 and r["hgmma"] >= 4, r
+        assert r["local_ld"] == r["local_st"] == 0, r
+        assert r["max_reg_used"] <= 240  # the consumer budget set by setmaxnreg
+
+
+def test_violations_are_detected():
+    rows = [
+        dict(kernel="decode", variant="x", local_ld=0, local_st=0, frame_bytes=0, qgmma=0, hgmma=4),
+        dict(kernel="quant_q", variant="-", local_ld=3, local_st=0, frame_bytes=0, qgmma=0, hgmma=0),
+        dict(kernel="decode", variant="y", local_ld=0, local_st=0, frame_bytes=0, qgmma=20, hgmma=4),
+    ]
+    bad = violations(rows)
+    assert len(bad) == 2 and "QGMMA 0" in bad[0] and "local memory" in bad[1]
 
 
 @pytest.mark.parametrize("name", jit_cache.KERNEL_NAMES)
-def test_kernel_compiles_for_sm90a_with_sass(report, name):
-    row = report[name]
+def test_kernel_compiles_for_sm90a_with_sass(by_kernel, name):
+    row = by_kernel[name]
     assert row["sass_instructions"] > 50
     assert 16 <= row["registers"] <= 64  # one warp per row: a light kernel
     assert row["frame_bytes"] == 0 and row["local_ld"] == 0 and row["local_st"] == 0
