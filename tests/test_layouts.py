@@ -1,0 +1,124 @@
+"""The decode kernel's layouts as mappings on the CPU: bijective, chunk-local, and landing
+every element where the MMA and the in-place transposition expect it."""
+
+import os
+import random
+
+import pytest
+
+from snapmla_cute.layouts import p_permute, smem, transpose
+
+
+def test_importable_only_under_snapmla_cute():
+    import snapmla_cute.layouts as lay
+
+    assert lay.__name__ == "snapmla_cute.layouts"
+
+
+@pytest.mark.parametrize(
+    "fn, rows, cols, size",
+    [
+        (smem.content_offset, 64, 512, 32768),
+        (smem.vt_offset, 512, 64, 32768),
+        (smem.p_offset, 64, 64, 4096),
+    ],
+)
+def test_fp8_tiles_are_bijective(fn, rows, cols, size):
+    offs = {fn(r, c) for r in range(rows) for c in range(cols)}
+    assert offs == set(range(size))
+
+
+def test_rope_tile_is_bijective_on_bf16_slots():
+    offs = {smem.rope_offset(r, c) for r in range(64) for c in range(64)}
+    assert offs == set(range(0, 8192, 2))
+
+
+def test_content_and_vt_chunks_share_bytes():
+    """Dims 128c..128c+127 occupy bytes [8192c, 8192c+8192) in both tiles: the in-place
+    transposition never reads bytes another chunk's stores overwrite."""
+    for r in range(64):
+        for c in range(512):
+            assert smem.content_offset(r, c) // smem.CHUNK_BYTES == c // 128
+    for d in range(512):
+        for t in range(64):
+            assert smem.vt_offset(d, t) // smem.CHUNK_BYTES == d // 128
+
+
+def test_swizzle_keeps_16_byte_units_whole():
+    """TMA boxes and 16-byte shared loads need each 16-byte unit contiguous."""
+    for r in range(64):
+        for c0 in range(0, 512, 16):
+            base = smem.content_offset(r, c0)
+            assert base % 16 == 0
+            assert [smem.content_offset(r, c0 + i) for i in range(16)] == list(range(base, base + 16))
+
+
+def test_sw128_rows_of_one_column_group_hit_distinct_banks():
+    """The point of Swizzle-128B: 8 consecutive rows of one 16-byte column group spread over
+    8 different 16-byte bank groups."""
+    for c0 in range(0, 128, 16):
+        groups = {(smem.content_offset(r, c0) % 128) // 16 for r in range(8)}
+        assert len(groups) == 8
+
+
+@pytest.mark.parametrize("valid", [64, 63, 17, 4, 1])
+def test_in_place_transposition_produces_vt(valid):
+    rng = random.Random(valid)
+    content = [[rng.randrange(256) for _ in range(512)] for _ in range(64)]
+    buf = bytearray(32768)
+    for r in range(64):
+        for c in range(512):
+            buf[smem.content_offset(r, c)] = content[r][c]
+    for chunk in range(4):
+        transpose.transpose_chunk_emulated(buf, chunk, valid)
+    for d in range(512):
+        for t in range(64):
+            want = content[t][d] if t < valid else 0  # tokens past the sequence are zeroed
+            assert buf[smem.vt_offset(d, t)] == want, (d, t)
+
+
+def test_prmt_matches_ptx_semantics():
+    a, b = 0x33221100, 0x77665544
+    assert transpose.prmt(a, b, 0x3210) == a
+    assert transpose.prmt(a, b, 0x7654) == b
+    assert transpose.prmt(a, b, 0x5140) == 0x55114400  # bytes a0 b0 a1 b1, little-endian
+
+
+@pytest.mark.parametrize("lane", range(4))
+def test_p_byte_permutation_lands_in_a_operand_order(lane):
+    assert sorted(p_permute.c_layout_labels(lane)) != p_permute.a_layout_labels(lane) or lane == 0
+    assert p_permute.permuted_labels(lane) == p_permute.a_layout_labels(lane)
+
+
+def test_every_p_byte_kept_exactly_once():
+    before = sorted(b for t in range(4) for b in p_permute.c_layout_labels(t))
+    after = sorted(b for t in range(4) for b in p_permute.permuted_labels(t))
+    assert before == after == list(range(64))
+
+
+def test_cute_layout_objects_match_the_byte_maps():
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import cutlass.cute as cute
+
+    rng = random.Random(0)
+    kv_pts = [(rng.randrange(64), rng.randrange(512)) for _ in range(300)]
+    vt_pts = [(rng.randrange(512), rng.randrange(64)) for _ in range(300)]
+    p_pts = [(rng.randrange(64), rng.randrange(64)) for _ in range(200)]
+    got = {}
+
+    @cute.jit
+    def probe():
+        kv, vt, p = smem.kv_content_layout(2), smem.vt_layout(2), smem.p_layout(2)
+        got["kv"] = [kv((r, c, 1)) for r, c in kv_pts]
+        got["vt"] = [vt((d, t, 1)) for d, t in vt_pts]
+        got["p"] = [p((r, t, 1)) for r, t in p_pts]
+
+    probe()
+    assert got["kv"] == [32768 + smem.content_offset(r, c) for r, c in kv_pts]
+    assert got["vt"] == [32768 + smem.vt_offset(d, t) for d, t in vt_pts]
+    assert got["p"] == [4096 + smem.p_offset(r, t) for r, t in p_pts]
+
+
+def test_render_draws_a_tile():
+    text = smem.render("vt", rows=4, cols=4)
+    assert text.splitlines()[0].startswith("vt:") and len(text.splitlines()) == 5
