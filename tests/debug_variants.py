@@ -12,7 +12,7 @@ from snapmla_cute import decode_metadata, mla_decode, quantize_q  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.bench import time_us  # noqa: E402
 
-VARIANTS = [dict(pv_splits=2), dict(pv_splits=4, qk_promote=1), dict(pv_splits=4, qk_promote=2), dict(pv_splits=4, qk_promote=4)]
+VARIANTS = [dict(), dict(alternate=True), dict(alternate=True, kv_stages=3)]
 acc_cases = [(1, 1, 128, 64, [640], False, 1000), (2, 1, 128, 64, [8192, 100], False, 1), (3, 2, 32, 16, [0, 77, 3000], True, None)]
 refs = []
 for b, s_q, h, ps, lens, causal, parts in acc_cases:
