@@ -113,7 +113,7 @@ def test_bad_inputs_rejected_before_launch(seed):
         (lambda: mla_decode(q, cache, bt, lens - 500), ValueError, ">= 0"),
         (lambda: mla_decode(q, cache, bt.cpu(), lens), ValueError, "CUDA"),
         (lambda: mla_decode(q, cache.kv, bt, lens), TypeError, "FP8KVCache"),
-        (lambda: mla_decode(q, cache, bt, lens, out=out[:, :, :32]), ValueError, "out: expected shape"),
+        (lambda: mla_decode(q, cache, bt, lens, out=torch.empty(2, 1, 32, 512, dtype=torch.bfloat16, device="cuda")), ValueError, "out: expected shape"),
         (lambda: mla_decode(q, cache, bt, lens, out=out.float()), TypeError, "out"),
         (lambda: mla_decode(q, cache, bt, lens, lse=torch.empty(2, 1, 64, device="cuda")), ValueError, "lse: expected shape"),
         (lambda: mla_decode(q, cache, bt, lens, metadata=decode_metadata(lens, s_q=2, heads=64)), ValueError, "metadata"),
