@@ -54,8 +54,9 @@ class DecodeConfig:
     # Hopper's FP8 WGMMA adds into its accumulator with an e8m13 adder: summing the 16 k-blocks
     # of QK in one accumulator costs ~2e-3 rel-L2 against fp32 math. Every `qk_promote`
     # k-blocks the partial sum moves to fp32 registers instead (0: never). Measured on H200,
-    # b1 h128 L640: 0 → 2.2e-3, 4 → 1.5e-3, 2 → 1.1e-3, 1 → 0.8e-3; 2 costs ~12% time in v1.
-    qk_promote: int = 2
+    # b1 h128 L640: 0 → 2.2e-3, 4 → 1.5e-3, 2 → 1.1e-3, 1 → 0.8e-3 (2 reached 2.01e-3 on one
+    # random H100 case, against the 2e-3 contract); 1 costs ~15% time in the v1 schedule.
+    qk_promote: int = 1
     pv_splits: int = 4  # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note
 
     @property
