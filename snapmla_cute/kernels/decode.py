@@ -50,7 +50,7 @@ class DecodeConfig:
     page_size: int
     causal: bool
     kv_stages: int = 4
-    alternate: bool = False  # App. C dual-WG alternation of block ownership
+    alternate: bool = True  # App. C Algorithm 1: the two WGs own alternate blocks (False: WG1 owns all)
     # Hopper's FP8 WGMMA adds into its accumulator with an e8m13 adder: summing the 16 k-blocks
     # of QK in one accumulator costs ~2e-3 rel-L2 against fp32 math. Every `qk_promote`
     # k-blocks the partial sum moves to fp32 registers instead (0: never). Measured on H200,
