@@ -4,15 +4,16 @@ One CTA computes one 64-row query tile (rows = s_q * h packed, row r = i * h + h
 the KV blocks the split-KV scheduler gave its part. Per 64-token block:
 
 1. QK: FP8 e4m3 WGMMA over the 512 content dims and BF16 WGMMA over the 64 RoPE dims
-   into one fp32 accumulator (Eq. 6: both parts live in the scaled domain), then
-   s = ((acc · σ_q) · σ_k) · scale·log2e.
+   into one fp32 accumulator (Eq. 6: both parts live in the scaled domain; the FP8 k-blocks
+   are summed in fp32 registers, see ``qk_promote``), then s = ((acc · σ_q) · σ_k) · scale·log2e.
 2. V transposition in place: the content tile (64 tokens x 512 dims, K-major SW128) is
    rewritten chunk by chunk as Vᵀ (512 x 64, K-major SW64) through registers; tokens past
    the sequence are zeroed so NaN-filled unused slots never reach the PV GEMM.
 3. Online softmax with V-scale fusion P' = P·σ_k and per-row block-wise P quantization
    (σ_p = rowmax(P')/448), implicit dequantization through γ = 2^(m-m_new)·σ_p/σ_p,cur.
 4. P accumulator → e4m3 A operand in registers (byte permutation, ``make_acc_into_op``).
-5. PV: FP8 WGMMA, each consumer WG owning 256 output dims, strictly in block order.
+5. PV: FP8 WGMMA, each consumer WG owning 256 output dims, strictly in block order; each
+   block's P·V lands in a zeroed accumulator and o = γ·o + P·V is done in fp32.
 
 Everything is checked against ``reference.mla_decode_emulated``.
 """
