@@ -5,11 +5,15 @@ Public API (torch tensors on a CUDA device):
 * :class:`FP8KVCache` — one layer's FP8 paged KV cache (644 B/token).
 * :func:`quantize_q`, :func:`append_kv`, :func:`dequantize_kv` — the fused memory-bound kernels.
 * :func:`mla_decode`, :func:`decode_metadata` — the FP8 decode (split-KV planned on the device).
+* ``torch.ops.snapmla.{quantize_q,append_kv,dequantize_kv,mla_decode}`` — the same as custom
+  ops with fake implementations (torch.compile, CUDA graphs).
 * :mod:`snapmla_cute.reference` — the specification: exact decode and the bit-faithful emulation.
 """
 
 from snapmla_cute.kv_cache import FP8KVCache
 from snapmla_cute.ops import DecodeMetadata, append_kv, decode_metadata, dequantize_kv, mla_decode, quantize_q
+
+from snapmla_cute import torch_ops  # noqa: E402,F401  registers torch.ops.snapmla.*
 
 __all__ = [
     "FP8KVCache",

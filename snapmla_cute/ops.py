@@ -56,7 +56,7 @@ def _check_cuda(**tensors):
 
 
 def _check_same_device(**tensors):
-    devices = {name: t.device for name, t in tensors.items()}
+    devices = {name: (t if isinstance(t, torch.device) else t.device) for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         raise ValueError(f"tensors on different devices: {devices}")
 
@@ -76,22 +76,31 @@ def _check_slots(name: str, slots: torch.Tensor, num_slots: int, check: bool):
 
 
 def quantize_q(
-    q: torch.Tensor, *, check: bool = True
+    q: torch.Tensor, *, check: bool = True, out: tuple | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused-Q-Quant: bf16 ``q [b, s_q, h, 576]`` → the FP8 decode query, in one launch.
 
     Returns ``q_nope`` float8_e4m3fn ``[b, s_q, h, 512]`` (content / σ_q), ``q_rope`` bf16
     ``[b, s_q, h, 64]`` (RoPE / σ_q, Eq. 6) and ``q_scale`` fp32 ``[b, s_q, h]`` with
     σ_q = max(amax|q_content|, 1e-6) / 448 per (token, head). Bit-exact with
-    ``reference.quantize_rows``.
+    ``reference.quantize_rows``. ``out`` may give the three output tensors (no allocation).
     """
     _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
     _check_cuda(q=q)
-    _check_finite("q", q, check)
     lead = q.shape[:-1]
-    q_nope = torch.empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=q.device)
-    q_rope = torch.empty(*lead, ROPE_DIM, dtype=torch.bfloat16, device=q.device)
-    q_scale = torch.empty(*lead, dtype=torch.float32, device=q.device)
+    if out is None:
+        q_nope = torch.empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=q.device)
+        q_rope = torch.empty(*lead, ROPE_DIM, dtype=torch.bfloat16, device=q.device)
+        q_scale = torch.empty(*lead, dtype=torch.float32, device=q.device)
+    else:
+        q_nope, q_rope, q_scale = out
+        _check_tensor("out[0]", q_nope, torch.float8_e4m3fn, last=CONTENT_DIM)
+        _check_tensor("out[1]", q_rope, torch.bfloat16, last=ROPE_DIM)
+        _check_tensor("out[2]", q_scale, torch.float32)
+        if q_nope.shape[:-1] != lead or q_rope.shape[:-1] != lead or q_scale.shape != lead:
+            raise ValueError(f"out: expected shapes {(*lead, CONTENT_DIM)}, {(*lead, ROPE_DIM)}, {tuple(lead)}")
+        _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
+    _check_finite("q", q, check)
     if q.numel():
         rows = q.view(-1, HEAD_DIM)
         _launcher("quant_q")(
@@ -187,6 +196,19 @@ class DecodeMetadata:
         max_splits = batch + num_parts  # each part boundary adds at most one split
         self.o_partial = torch.empty(max_splits, rows, CONTENT_DIM, dtype=torch.float32, device=device)
         self.lse_partial = torch.empty(max_splits, rows, dtype=torch.float32, device=device)
+        # the quantized query of a bf16 q, so a captured decode allocates nothing
+        self.q_nope = torch.empty(batch, s_q, heads, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=device)
+        self.q_rope = torch.empty(batch, s_q, heads, ROPE_DIM, dtype=torch.bfloat16, device=device)
+        self.q_scale = torch.empty(batch, s_q, heads, dtype=torch.float32, device=device)
+
+    @classmethod
+    def from_buffers(cls, sched, split_offsets, o_partial, lse_partial, *, s_q: int, heads: int) -> "DecodeMetadata":
+        """Wraps buffers made by an earlier ``decode_metadata`` (the custom-op path)."""
+        md = cls.__new__(cls)
+        md.batch, md.s_q, md.heads, md.num_parts = split_offsets.shape[0] - 1, s_q, heads, sched.shape[0]
+        md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
+        md.q_nope = md.q_rope = md.q_scale = None
+        return md
 
     def update(self, cache_seqlens: torch.Tensor) -> None:
         _launcher("decode_scheduler")(cache_seqlens, self.sched, self.split_offsets)
@@ -295,7 +317,7 @@ def mla_decode(
             f"block_table/cache_seqlens: expected batch {b}, got {block_table.shape[0]} and {cache_seqlens.shape[0]}"
         )
     _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
-    _check_same_device(q=torch.empty(0, device=q_dev), cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
+    _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
     if out is not None:
         _check_tensor("out", out, torch.bfloat16, dim=4)
         if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
@@ -319,12 +341,19 @@ def mla_decode(
             raise ValueError(
                 f"block_table: a sequence of {int(lens.max())} tokens needs {need} pages, table has {block_table.shape[1]} columns"
             )
-    if not isinstance(q, (tuple, list)):
-        q_nope, q_rope, q_scale = quantize_q(q, check=check)
+    if _capturing() and (metadata is None or out is None or lse is None):
+        raise ValueError(
+            "mla_decode under CUDA-graph capture needs metadata (from decode_metadata, made before "
+            "capture), out and lse: nothing may be allocated inside the captured region"
+        )
     if metadata is None:
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h)
     else:
         metadata.update(cache_seqlens)
+    if not isinstance(q, (tuple, list)):
+        q_nope, q_rope, q_scale = quantize_q(
+            q, check=check, out=(metadata.q_nope, metadata.q_rope, metadata.q_scale)
+        )
     if out is None:
         out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=q_dev)
     if lse is None:

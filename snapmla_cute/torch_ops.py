@@ -1,0 +1,87 @@
+"""torch.library custom ops (namespace ``snapmla``) with fake implementations.
+
+They let ``torch.compile(fullgraph=True)`` trace a decode step (quantize, append, decode)
+without graph breaks and keep CUDA-graph capture simple: every argument is a tensor or a
+plain scalar, the metadata travels as its four buffers, and no value check reads device
+memory back. ``append_kv`` mutates the cache tensors; ``mla_decode`` mutates the metadata
+buffers (the scheduler rewrites them from ``cache_seqlens``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from snapmla_cute import ops
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
+from snapmla_cute.kv_cache import FP8KVCache
+
+
+@torch.library.custom_op("snapmla::quantize_q", mutates_args=())
+def quantize_q(q: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return ops.quantize_q(q, check=False)
+
+
+@quantize_q.register_fake
+def _(q):
+    lead = q.shape[:-1]
+    return (
+        q.new_empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn),
+        q.new_empty(*lead, ROPE_DIM, dtype=torch.bfloat16),
+        q.new_empty(*lead, dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("snapmla::append_kv", mutates_args=("kv", "kv_scale"))
+def append_kv(kv: Tensor, kv_scale: Tensor, new_kv: Tensor, slot_mapping: Tensor) -> None:
+    ops.append_kv(FP8KVCache(kv, kv_scale), new_kv, slot_mapping, check=False)
+
+
+@append_kv.register_fake
+def _(kv, kv_scale, new_kv, slot_mapping):
+    return None
+
+
+@torch.library.custom_op("snapmla::dequantize_kv", mutates_args=())
+def dequantize_kv(kv: Tensor, kv_scale: Tensor, slots: Tensor) -> Tensor:
+    return ops.dequantize_kv(FP8KVCache(kv, kv_scale), slots, check=False)
+
+
+@dequantize_kv.register_fake
+def _(kv, kv_scale, slots):
+    return slots.new_empty(slots.shape[0], HEAD_DIM, dtype=torch.bfloat16)
+
+
+@torch.library.custom_op(
+    "snapmla::mla_decode", mutates_args=("sched", "split_offsets", "o_partial", "lse_partial")
+)
+def mla_decode(
+    q_nope: Tensor,
+    q_rope: Tensor,
+    q_scale: Tensor,
+    kv: Tensor,
+    kv_scale: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    sched: Tensor,
+    split_offsets: Tensor,
+    o_partial: Tensor,
+    lse_partial: Tensor,
+    softmax_scale: float,
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    b, s_q, h, _ = q_nope.shape
+    md = ops.DecodeMetadata.from_buffers(sched, split_offsets, o_partial, lse_partial, s_q=s_q, heads=h)
+    return ops.mla_decode(
+        (q_nope, q_rope, q_scale), FP8KVCache(kv, kv_scale), block_table, cache_seqlens,
+        softmax_scale=softmax_scale, causal=causal, metadata=md, check=False,
+    )
+
+
+@mla_decode.register_fake
+def _(q_nope, q_rope, q_scale, kv, kv_scale, block_table, cache_seqlens, sched, split_offsets, o_partial, lse_partial, softmax_scale, causal):
+    b, s_q, h, _ = q_nope.shape
+    return (
+        q_nope.new_empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16),
+        q_nope.new_empty(b, h, s_q, dtype=torch.float32),
+    )
