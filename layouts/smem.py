@@ -109,3 +109,18 @@ def render(kind: str = "vt", rows: int = 16, cols: int = 16) -> str:
     for r in range(rows):
         lines.append(" ".join(f"{fn(r, c) // 16:4d}" for c in range(cols)))
     return "\n".join(lines)
+
+
+def plot(kind: str = "vt", rows: int = 32, cols: int = 64, ax=None):
+    """Draws which 16-byte unit each element of a tile corner lands in (matplotlib)."""
+    import matplotlib.pyplot as plt
+
+    fn = {"content": content_offset, "vt": vt_offset, "rope": rope_offset, "p": p_offset}[kind]
+    grid = [[(fn(r, c) // 16) % 64 for c in range(cols)] for r in range(rows)]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(cols / 6, rows / 6))
+    ax.imshow(grid, cmap="tab20", interpolation="nearest")
+    ax.set_title(f"{kind}: 16-byte unit (mod 64) of element (row, col)")
+    ax.set_xlabel("col")
+    ax.set_ylabel("row")
+    return ax

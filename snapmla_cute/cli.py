@@ -1,4 +1,4 @@
-"""``snapmla-cute``: command-line entry points (accuracy, compile, bench)."""
+"""``snapmla-cute``: command-line entry points (accuracy, compile, bench, layouts)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,33 @@ def _bench(args):
         print_table(bench_decode(page_size=args.page_size), json_path=args.json)
 
 
+def _layouts(args):
+    from snapmla_cute.layouts import p_permute, smem
+
+    for kind in ("content", "vt", "rope", "p"):
+        print(smem.render(kind, rows=args.rows, cols=args.cols))
+        print()
+    print("P byte permutation (per lane of a quad, one 32-column k block; label = 32*rowpair + col):")
+    for lane in range(4):
+        print(f"  lane {lane}: C order {p_permute.c_layout_labels(lane)}")
+        print(f"          A order {p_permute.permuted_labels(lane)}")
+    if args.png:
+        import os
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        os.makedirs(args.png, exist_ok=True)
+        for kind in ("content", "vt", "rope", "p"):
+            ax = smem.plot(kind)
+            path = os.path.join(args.png, f"{kind}.png")
+            ax.figure.savefig(path, dpi=80, bbox_inches="tight")
+            plt.close(ax.figure)
+            print(f"wrote {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="snapmla-cute", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -67,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--page-size", type=int, default=64)
     b.add_argument("--json", help="also write the rows as JSON here")
     b.set_defaults(func=_bench)
+    lay = sub.add_parser("layouts", help="print (and with --png draw) the decode kernel's layouts")
+    lay.add_argument("--rows", type=int, default=8)
+    lay.add_argument("--cols", type=int, default=16)
+    lay.add_argument("--png", help="write PNG pictures into this folder (needs matplotlib)")
+    lay.set_defaults(func=_layouts)
     return p
 
 
