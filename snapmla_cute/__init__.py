@@ -11,7 +11,15 @@ Public API (torch tensors on a CUDA device):
 """
 
 from snapmla_cute.kv_cache import FP8KVCache
-from snapmla_cute.ops import DecodeMetadata, append_kv, decode_metadata, dequantize_kv, mla_decode, quantize_q
+from snapmla_cute.ops import (
+    DecodeMetadata,
+    append_kv,
+    decode_metadata,
+    dequantize_kv,
+    mla_decode,
+    quantize_q,
+    warmup,
+)
 
 from snapmla_cute import torch_ops  # noqa: E402,F401  registers torch.ops.snapmla.*
 
@@ -23,5 +31,6 @@ __all__ = [
     "mla_decode",
     "decode_metadata",
     "DecodeMetadata",
+    "warmup",
 ]
 __version__ = "0.1.0"

@@ -386,3 +386,35 @@ def mla_decode(
         metadata.o_partial, metadata.lse_partial, metadata.split_offsets, out.view(b, rows, CONTENT_DIM), lse
     )
     return out, lse
+
+
+def warmup(
+    heads=HEADS, s_q=(1,), page_sizes=(64,), causal=(False, True), *, arch: str | None = None, progress: bool = True
+) -> int:
+    """Compiles (or loads from the disk cache) every kernel a serving config needs, ahead of
+    traffic. Returns how many kernel variants are ready. ``arch="sm_90a"`` works without a GPU."""
+    import itertools
+
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.kernels.decode_combine import CombineConfig
+
+    work = [(n, None) for n in (*jit_cache.KERNEL_NAMES, "decode_scheduler")]
+    for h, s in itertools.product(heads, s_q):
+        work.append(("decode_combine", CombineConfig(heads=h, s_q=s)))
+    for h, s, p, c in itertools.product(heads, s_q, page_sizes, causal):
+        work.append(("decode", DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **DECODE_TUNING)))
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(work), desc="snapmla_cute warm-up", unit="kernel")
+        except ImportError:
+            bar = None
+    for name, cfg in work:
+        jit_cache.compile_kernel(name, cfg, arch=arch)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return len(work)
