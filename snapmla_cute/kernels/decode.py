@@ -355,6 +355,18 @@ class DecodeKernel:
             n_reqs = m_sched[part, 2] - begin_req + 1
         return begin_req, m_sched[part, 1], m_sched[part, 2], m_sched[part, 3], m_sched[part, 4], n_reqs
 
+    @cute.jit
+    def block_range(self, m_seqlens, r, req, begin_blk, end_req, end_blk):
+        """(length, first block, end block) of the r-th request segment of this part."""
+        seqlen = m_seqlens[req]
+        blk_lo = Int32(0)
+        if r == 0:
+            blk_lo = begin_blk
+        blk_hi = (seqlen + L.BLOCK_N - 1) // L.BLOCK_N
+        if req == end_req:
+            blk_hi = end_blk
+        return seqlen, blk_lo, blk_hi
+
     # ------------------------------------------------------------------ producer
     @cute.jit
     def load(
@@ -391,13 +403,7 @@ class DecodeKernel:
         )
         for r in cutlass.range(n_reqs, unroll=1):
             req = begin_req + r
-            seqlen = m_seqlens[req]
-            blk_lo = Int32(0)
-            if r == 0:
-                blk_lo = begin_blk
-            blk_hi = (seqlen + L.BLOCK_N - 1) // L.BLOCK_N
-            if req == end_req:
-                blk_hi = end_blk
+            seqlen, blk_lo, blk_hi = self.block_range(m_seqlens, r, req, begin_blk, end_req, end_blk)
             hq = q_prod.acquire_and_advance()
             cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
             cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
@@ -514,13 +520,7 @@ class DecodeKernel:
         k_global = Int32(0)
         for r in cutlass.range(n_reqs, unroll=1):
             req = begin_req + r
-            seqlen = m_seqlens[req]
-            blk_lo = Int32(0)
-            if r == 0:
-                blk_lo = begin_blk
-            blk_hi = (seqlen + L.BLOCK_N - 1) // L.BLOCK_N
-            if req == end_req:
-                blk_hi = end_blk
+            seqlen, blk_lo, blk_hi = self.block_range(m_seqlens, r, req, begin_blk, end_req, end_blk)
             for i in cutlass.range_constexpr(rows_per_thr):
                 row = m_tile * L.M_TILE + c_s_mn[i, 0][0]
                 row_max[i] = -Float32.inf
