@@ -33,6 +33,7 @@ from cutlass.memory import SmemAllocator
 
 from snapmla_cute.format import CONTENT_DIM, FP8_MAX, ROPE_DIM
 from snapmla_cute.layouts import smem as L
+from snapmla_cute.layouts import transpose as T
 from snapmla_cute.pipelines import roles
 
 FP8 = cutlass.Float8E4M3FN
@@ -422,7 +423,10 @@ class DecodeKernel:
     # ------------------------------------------------------------------ consumers
     @cute.jit
     def transpose_v(self, s_kv_words: cute.Tensor, stage, valid_tokens, wg, wg_tidx):
-        """Content tile → Vᵀ in place, one 8 KiB chunk at a time, zeroing tokens ≥ valid."""
+        """Content tile → Vᵀ in place, one 8 KiB chunk at a time, zeroing tokens ≥ valid.
+
+        Addresses come from ``layouts.transpose`` (plain integer maps that also trace on DSL
+        ints), whose CPU emulation the tests check against the two tile layouts."""
         a = wg_tidx % 16  # tokens 4a..4a+3
         b = wg_tidx // 16  # dims 16b..16b+15 of the chunk
         keep = Uint32(0xFFFFFFFF)
@@ -435,11 +439,9 @@ class DecodeKernel:
         for c in cutlass.range_constexpr(CONTENT_DIM // 128):
             src = cute.make_rmem_tensor((4, 4), Uint32)  # (token r, word w)
             for r in cutlass.range_constexpr(4):
-                tok = 4 * a + r
-                base = (tok % 8) * 128 + (tok // 8) * 1024 + 16 * b
-                off = base ^ (((base >> 7) & 7) << 4)
+                row_word = stage_words + T.src_word(c, 4 * a + r, b, 0) // 4
                 for w in cutlass.range_constexpr(4):
-                    src[r, w] = s_kv_words[stage_words + (c * L.CHUNK_BYTES + off) // 4 + w]
+                    src[r, w] = s_kv_words[row_word + w]
             sync.arrive_and_wait()
             for w in cutlass.range_constexpr(4):
                 lo01 = cute.arch.prmt(src[0, w], src[1, w], 0x5140)
@@ -453,10 +455,8 @@ class DecodeKernel:
                     cute.arch.prmt(hi01, hi23, 0x7632),
                 )
                 for e in cutlass.range_constexpr(4):
-                    n = 16 * b + 4 * w + e  # dim within the chunk
-                    base = (n % 8) * 64 + (n // 8) * 512 + 4 * a
-                    off = base ^ (((base >> 7) & 3) << 4)
-                    s_kv_words[stage_words + (c * L.CHUNK_BYTES + off) // 4] = Uint32(outs[e]) & keep
+                    dst = T.dst_word(c, 16 * b + 4 * w + e, a)
+                    s_kv_words[stage_words + dst // 4] = Uint32(outs[e]) & keep
             if cutlass.const_expr(c + 1 < CONTENT_DIM // 128):
                 sync.arrive_and_wait()
 
