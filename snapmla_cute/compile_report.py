@@ -8,6 +8,7 @@ loads/stores (spills), FP8 (QGMMA) and BF16 (HGMMA) warpgroup MMA counts.
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import re
 from concurrent.futures import ProcessPoolExecutor
 
@@ -75,7 +76,10 @@ def compile_report(arch: str = "sm_90a", variants=None, jobs: int = 1) -> list[d
     variants = all_variants() if variants is None else variants
     work = [(name, cfg, arch) for name, cfg in variants]
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # spawn, not fork: a process that already traced a kernel holds DSL locks a forked
+        # child would inherit locked
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             return list(pool.map(_report_one, work))
     return [_report_one(w) for w in work]
 
