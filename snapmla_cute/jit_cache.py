@@ -150,47 +150,33 @@ def _fake_args(name: str, config=None):
     raise KeyError(name)
 
 
+# name → (module under snapmla_cute.kernels, kernel class, default config class or None)
+_KERNELS = {
+    "quant_q": ("quant_q", "QuantizeQKernel", "QuantQConfig"),
+    "append_kv": ("append_kv", "AppendKVKernel", "AppendKVConfig"),
+    "dequant_kv": ("dequant_kv", "DequantizeKVKernel", "DequantKVConfig"),
+    "decode_scheduler": ("decode_scheduler", "DecodeSchedulerKernel", "SchedulerConfig"),
+    "decode_combine": ("decode_combine", "DecodeCombineKernel", None),
+    "decode": ("decode", "DecodeKernel", None),
+}
+
+
+def _kernel_module(name: str):
+    import importlib
+
+    return importlib.import_module(f"snapmla_cute.kernels.{_KERNELS[name][0]}")
+
+
 def _kernel_object(name: str, config):
-    if name == "quant_q":
-        from snapmla_cute.kernels.quant_q import QuantizeQKernel
-
-        return QuantizeQKernel(config)
-    if name == "append_kv":
-        from snapmla_cute.kernels.append_kv import AppendKVKernel
-
-        return AppendKVKernel(config)
-    if name == "dequant_kv":
-        from snapmla_cute.kernels.dequant_kv import DequantizeKVKernel
-
-        return DequantizeKVKernel(config)
-    if name == "decode_scheduler":
-        from snapmla_cute.kernels.decode_scheduler import DecodeSchedulerKernel
-
-        return DecodeSchedulerKernel(config)
-    if name == "decode_combine":
-        from snapmla_cute.kernels.decode_combine import DecodeCombineKernel
-
-        return DecodeCombineKernel(config)
-    if name == "decode":
-        from snapmla_cute.kernels.decode import DecodeKernel
-
-        return DecodeKernel(config)
-    raise KeyError(name)
+    return getattr(_kernel_module(name), _KERNELS[name][1])(config)
 
 
 def default_config(name: str):
-    from snapmla_cute.kernels.append_kv import AppendKVConfig
-    from snapmla_cute.kernels.dequant_kv import DequantKVConfig
-    from snapmla_cute.kernels.quant_q import QuantQConfig
-
-    from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
-
-    return {
-        "quant_q": QuantQConfig,
-        "append_kv": AppendKVConfig,
-        "dequant_kv": DequantKVConfig,
-        "decode_scheduler": SchedulerConfig,
-    }[name]()
+    """The default config of a kernel that has one (decode and combine need shape configs)."""
+    cls = _KERNELS[name][2]
+    if cls is None:
+        raise KeyError(f"{name} has no default config: pass one")
+    return getattr(_kernel_module(name), cls)()
 
 
 KERNEL_NAMES = ("quant_q", "append_kv", "dequant_kv")
