@@ -19,11 +19,13 @@ from snapmla_cute.kv_cache import FP8KVCache
 _launchers: dict = {}
 
 
-def _launcher(name: str):
-    """The compiled TVM-FFI callable of kernel ``name`` (default config), looked up once."""
-    fn = _launchers.get(name)
+def _launcher(name: str, key: tuple = (), make_config=None):
+    """The compiled TVM-FFI callable of kernel ``name``, looked up once per ``key``;
+    ``make_config`` builds its config on the first call (default config without it)."""
+    fn = _launchers.get((name, key))
     if fn is None:
-        fn = _launchers[name] = jit_cache.compile_kernel(name).fn
+        config = make_config() if make_config is not None else None
+        fn = _launchers[(name, key)] = jit_cache.compile_kernel(name, config).fn
     return fn
 
 
@@ -240,25 +242,21 @@ DECODE_TUNING: dict = {}  # DecodeConfig fields beyond the shape (tile/schedule 
 
 
 def _decode_launcher(heads: int, s_q: int, page_size: int, causal: bool):
-    from snapmla_cute.kernels.decode import DecodeConfig
+    def make():
+        from snapmla_cute.kernels.decode import DecodeConfig
 
-    key = ("decode", heads, s_q, page_size, causal, tuple(sorted(DECODE_TUNING.items())))
-    fn = _launchers.get(key)
-    if fn is None:
-        cfg = DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **DECODE_TUNING)
-        fn = _launchers[key] = jit_cache.compile_kernel("decode", cfg).fn
-    return fn
+        return DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **DECODE_TUNING)
+
+    return _launcher("decode", (heads, s_q, page_size, causal, tuple(sorted(DECODE_TUNING.items()))), make)
 
 
 def _combine_launcher(heads: int, s_q: int):
-    from snapmla_cute.kernels.decode_combine import CombineConfig
+    def make():
+        from snapmla_cute.kernels.decode_combine import CombineConfig
 
-    key = ("decode_combine", heads, s_q)
-    fn = _launchers.get(key)
-    if fn is None:
-        cfg = CombineConfig(heads=heads, s_q=s_q)
-        fn = _launchers[key] = jit_cache.compile_kernel("decode_combine", cfg).fn
-    return fn
+        return CombineConfig(heads=heads, s_q=s_q)
+
+    return _launcher("decode_combine", (heads, s_q), make)
 
 
 def mla_decode(
