@@ -12,16 +12,13 @@ from pathlib import Path
 
 import torch
 
-COPY_TBPS = {"H100": 3.02, "H200": 4.3}  # ../shared/anchors: measured device-to-device copy
-
-
 def device_copy_tbps() -> tuple[str, float]:
     """Device name and its reference copy bandwidth from the anchors (TB/s, read + write)."""
+    from snapmla_cute import anchors
+
     name = torch.cuda.get_device_name()
-    for key, tbps in COPY_TBPS.items():
-        if key in name:
-            return name, tbps
-    return name, float("nan")
+    kind = anchors.device_kind(name)
+    return name, anchors.CEILINGS[kind]["copy_tbps"] if kind else float("nan")
 
 
 def measure_copy_tbps(nbytes: int = 1 << 31) -> float:
