@@ -41,6 +41,35 @@ def _bench(args):
         print_table(bench_decode(page_size=args.page_size), json_path=args.json)
 
 
+def _profile(args):
+    import os
+    import subprocess
+
+    from snapmla_cute import profiling
+
+    ncu = args.ncu or profiling.ncu_binary()
+    if args.summarize:
+        print(profiling.summarize(args.summarize, ncu or "ncu"))
+        return 0
+    if ncu is None:
+        print("ncu (Nsight Compute) not found: install it or pass --ncu PATH", flush=True)
+        return 2
+    bad = [k for k in args.shapes if k not in profiling.SHAPES]
+    if bad:
+        print(f"unknown shape {bad}: expected some of {sorted(profiling.SHAPES)}")
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    for key in args.shapes:
+        report = os.path.join(args.out, f"decode_{key}")
+        print(f"profiling {profiling.SHAPES[key].name} -> {report}.ncu-rep", flush=True)
+        subprocess.run(profiling.ncu_command(key, report, ncu), check=True)
+        text = profiling.summarize(report + ".ncu-rep", ncu)
+        with open(os.path.join(args.out, f"decode_{key}.txt"), "w") as f:
+            f.write(f"{profiling.SHAPES[key].name}\n{text}\n")
+        print(text, flush=True)
+    return 0
+
+
 def _layouts(args):
     from snapmla_cute.layouts import p_permute, smem
 
@@ -94,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--page-size", type=int, default=64)
     b.add_argument("--json", help="also write the rows as JSON here")
     b.set_defaults(func=_bench)
+    pr = sub.add_parser("profile", help="Nsight Compute profile of the decode step (scheduler, decode, combine)")
+    pr.add_argument("shapes", nargs="*", default=["s1", "s2"],
+                    help="s1: b128 h128 s_q1 s_k4096 (memory-bound); s2: b128 h128 s_q2 s_k8192 causal (compute-bound)")
+    pr.add_argument("--out", default="profiles/reports", help="folder for the .ncu-rep reports and text summaries")
+    pr.add_argument("--ncu", help="path of the ncu binary (default: found on PATH)")
+    pr.add_argument("--summarize", metavar="REPORT", help="only print the summary of an existing .ncu-rep")
+    pr.set_defaults(func=_profile)
+
     lay = sub.add_parser("layouts", help="print (and with --png draw) the decode kernel's layouts")
     lay.add_argument("--rows", type=int, default=8)
     lay.add_argument("--cols", type=int, default=16)

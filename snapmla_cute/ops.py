@@ -228,7 +228,11 @@ def decode_metadata(
     ``num_parts`` (default: SMs / query tiles) is how many CTAs share the KV work of one
     query tile; requests cut by a part boundary are split and merged by the combine kernel.
     """
+    from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
+
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
+    if not 1 <= cache_seqlens.shape[0] <= MAX_BATCH:
+        raise ValueError(f"cache_seqlens: expected a batch of 1..{MAX_BATCH} requests, got {cache_seqlens.shape[0]}")
     _check_cuda(cache_seqlens=cache_seqlens)
     m_tiles = (s_q * heads + 63) // 64
     if num_parts is None:

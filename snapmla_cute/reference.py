@@ -114,6 +114,64 @@ def quantize_kv_cache(k_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 # --------------------------------------------------------------------------------------------
+# Hopper tensor-core accumulation (what WGMMA's adder does, bit for bit)
+# --------------------------------------------------------------------------------------------
+#
+# Fitted on the H100 against cuBLAS fast-accumulation GEMMs and matched on 5 x 65536
+# outputs with no exception (K = 16 ... 512, chained instructions included): one WGMMA
+# instruction takes its K-chunk of exact products and the incoming accumulator, aligns them
+# to E = max(e_a + e_b over the chunk's nonzero products, exponent of the accumulator)
+# (e_x = floor(log2|x|)), truncates every term toward zero to a multiple of 2^(E - F), adds
+# the terms exactly and truncates the sum toward zero to `out_bits` fraction bits.
+#   e4m3 (QGMMA, k = 32): F = 13, out_bits = 13 — the "e8m13 accumulator";
+#   bf16 (HGMMA, k = 16): F = 25, out_bits = 23.
+# `profiles/experiments/fp8_accum_probe.py` is the probe.
+
+
+def _floor_log2(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2|x|) as int32; zeros get a very small exponent (they never set the max)."""
+    _, e = torch.frexp(x)
+    return torch.where(x == 0, torch.full_like(e, -(1 << 20)), e - 1)
+
+
+def _trunc_bits(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x truncated toward zero to `bits` fraction bits (float64 in, float64 out)."""
+    q = torch.ldexp(torch.ones_like(x), (_floor_log2(x) - bits).clamp(min=-1000).to(x.dtype))
+    return torch.where(x == 0, x, torch.trunc(x / q) * q)
+
+
+def tensor_core_mma(
+    a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None = None, *, kind: str = "e4m3", tile: int = 1 << 24
+) -> torch.Tensor:
+    """``acc + a @ b.T`` as a chain of Hopper WGMMA instructions along K, bit for bit.
+
+    ``a [M, K]``, ``b [N, K]``: e4m3 (``kind="e4m3"``, k = 32 per instruction) or bf16
+    (``kind="bf16"``, k = 16) values in any float dtype; ``acc [M, N]`` fp32 or None (zero,
+    i.e. the first instruction runs with scale-d = 0). Returns fp32 ``[M, N]``.
+    """
+    k_step, frac, out_bits = {"e4m3": (32, 13, 13), "bf16": (16, 25, 23)}[kind]
+    a, b = a.double(), b.double()
+    M, K = a.shape
+    N = b.shape[0]
+    out = torch.zeros(M, N, dtype=torch.float64, device=a.device) if acc is None else acc.double().clone()
+    ea, eb = _floor_log2(a), _floor_log2(b)
+    n_tile = max(1, min(N, tile // max(1, M * k_step)))
+    for n0 in range(0, N, n_tile):
+        n1 = min(N, n0 + n_tile)
+        c = out[:, n0:n1]
+        for k0 in range(0, K, k_step):
+            ks = slice(k0, min(K, k0 + k_step))
+            prod = a[:, None, ks] * b[None, n0:n1, ks]  # exact: 8 x 8 (or 8 x 8 bf16) significand bits
+            e = (ea[:, None, ks] + eb[None, n0:n1, ks]).masked_fill(prod == 0, -(1 << 20)).amax(-1)
+            e = torch.maximum(e, _floor_log2(c))
+            q = torch.ldexp(torch.ones_like(c), (e - frac).clamp(min=-1000).double())
+            terms = torch.trunc(prod / q[..., None]).sum(-1) + torch.trunc(c / q)
+            c = _trunc_bits(terms * q, out_bits)
+        out[:, n0:n1] = c
+    return out.float()
+
+
+# --------------------------------------------------------------------------------------------
 # Exact decode (float64)
 # --------------------------------------------------------------------------------------------
 
@@ -273,17 +331,24 @@ def _decode_one(
     kq: _QuantizedK,
     vis: torch.Tensor,
     softmax_scale: float,
+    mma: str = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Algorithm 1 for R query rows against one request's L keys, all in fp32.
 
     ``q_codes [R, 576]``, ``q_scale [R]``, ``vis [R]`` keys visible per row. Returns
-    ``out [R, 512]`` (fp32) and natural-log ``lse [R]``.
+    ``out [R, 512]`` (fp32) and natural-log ``lse [R]``. ``mma="hopper"`` runs both GEMMs
+    through ``tensor_core_mma`` in the kernel's instruction order; ``"exact"`` in fp32.
     """
     R, L = q_codes.shape[0], kq.qk_codes.shape[0]
     dev = q_codes.device
+    hopper = mma == "hopper"
     # QK: FP8 content GEMM and BF16 RoPE GEMM into one fp32 accumulator (Eq. 6), then
     # S·σ_q·σ_k·softmax_scale in the log2 domain.
-    acc = q_codes @ kq.qk_codes.T  # [R, L]
+    if hopper:  # 16 e4m3 instructions, then 4 bf16 ones on the same accumulator
+        acc = tensor_core_mma(q_codes[:, :CONTENT_DIM], kq.qk_codes[:, :CONTENT_DIM])
+        acc = tensor_core_mma(q_codes[:, CONTENT_DIM:], kq.qk_codes[:, CONTENT_DIM:], acc, kind="bf16")
+    else:
+        acc = q_codes @ kq.qk_codes.T  # [R, L]
     s2 = acc * q_scale[:, None] * kq.qk_scale[None, :] * torch.tensor(
         softmax_scale * LOG2E, dtype=torch.float32
     )
@@ -312,7 +377,11 @@ def _decode_one(
         ell_cur = ell_cur * inv_p  # line 8: ℓ_cur / σ_p_cur
         gamma = torch.exp2(m - m_safe) * sigma_p * inv_p  # line 9: exp(m - m_new)·σ_p/σ_p_cur
         gamma = torch.where(torch.isinf(m), torch.zeros_like(gamma), gamma)
-        o = gamma[:, None] * o + p_q @ kq.v_values[blk]  # lines 10, 15: implicit dequant
+        if hopper:  # this block's P·V from a zeroed accumulator, then o = γ·o + PV as one fma
+            pv = tensor_core_mma(p_q, kq.v_values[blk].T)
+            o = (o.double() * gamma.double()[:, None] + pv.double()).float()
+        else:
+            o = gamma[:, None] * o + p_q @ kq.v_values[blk]  # lines 10, 15: implicit dequant
         ell = gamma * ell + ell_cur
         m, sigma_p = m_new, sigma_cur
     empty = ell == 0
@@ -331,8 +400,17 @@ def mla_decode_emulated(
     softmax_scale: float | None = None,
     causal: bool = False,
     config: QuantConfig | str = SNAPMLA,
+    mma: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bit-faithful emulation of SnapMLA's FP8 decode (fp32 math, e4m3 rounding as the GPU).
+
+    ``mma``: ``"hopper"`` (default for the SnapMLA config) runs QK and PV through
+    ``tensor_core_mma``, the fitted model of WGMMA's truncating adder, in the decode
+    kernel's instruction order (e4m3 content chain, then the bf16 RoPE chain on the same
+    accumulator; each block's P·V from a zeroed accumulator added in fp32) — the kernel then
+    matches to a few ulps except where ex2.approx flips an e4m3 rounding of P. ``"exact"``
+    (default for Configs A-D: the accuracy study compares quantization schemes) uses fp32
+    matmuls.
 
     ``cache`` is either the FP8 cache ``(kv uint8 [P, ps, 640], kv_scale fp32 [P, ps])`` (only
     with the SnapMLA config — exactly what the kernel reads) or unquantized pages
@@ -341,6 +419,9 @@ def mla_decode_emulated(
     """
     cfg = CONFIGS[config] if isinstance(config, str) else config
     scale = default_softmax_scale() if softmax_scale is None else softmax_scale
+    mma = mma or ("hopper" if cfg == SNAPMLA else "exact")
+    if mma not in ("hopper", "exact") or (mma == "hopper" and cfg != SNAPMLA):
+        raise ValueError(f"mma: expected 'exact', or 'hopper' with the SnapMLA config; got {mma!r} with {cfg}")
     b, s_q, h, _ = q.shape
     dev = q.device
     out = torch.zeros(b, s_q, h, CONTENT_DIM, dtype=torch.float32, device=dev)
@@ -368,7 +449,7 @@ def mla_decode_emulated(
             kq = _quantize_k(_gather(cache, block_table, bi, L).to(dev), cfg, tensor_amax)
         vis = torch.tensor(_visible_lengths(L, s_q, causal), device=dev).repeat_interleave(h)
         o, l_ = _decode_one(
-            q_codes[bi].reshape(s_q * h, HEAD_DIM), q_scale[bi].reshape(s_q * h), kq, vis, scale
+            q_codes[bi].reshape(s_q * h, HEAD_DIM), q_scale[bi].reshape(s_q * h), kq, vis, scale, mma
         )
         out[bi] = o.view(s_q, h, CONTENT_DIM)
         lse[bi] = l_.view(s_q, h).T

@@ -139,3 +139,16 @@ def test_zero_length_batch_gives_zero_and_neg_inf(seed):
     c = build_case(3, 2, 32, 64, [0, 0, 0], seed=seed)
     out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], causal=True)
     assert torch.all(out == 0) and torch.all(lse == -math.inf)
+
+
+@pytest.mark.parametrize("parts", [1, 7, 66, 132, 300])
+def test_device_scheduler_matches_reference(parts):
+    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+
+    rng = random.Random(parts)
+    for _ in range(4):
+        lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 70000)]) for _ in range(rng.randint(1, 600))]
+        md = decode_metadata(torch.tensor(lens, dtype=torch.int32, device="cuda"), s_q=1, heads=128, num_parts=parts)
+        sched, offsets = schedule_reference(lens, parts)
+        assert md.sched.cpu().tolist() == sched, lens
+        assert md.split_offsets.cpu().tolist() == offsets, lens

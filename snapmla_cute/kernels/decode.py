@@ -4,8 +4,9 @@ One CTA computes one 64-row query tile (rows = s_q * h packed, row r = i * h + h
 the KV blocks the split-KV scheduler gave its part. Per 64-token block:
 
 1. QK: FP8 e4m3 WGMMA over the 512 content dims and BF16 WGMMA over the 64 RoPE dims
-   into one fp32 accumulator (Eq. 6: both parts live in the scaled domain; the FP8 k-blocks
-   are summed in fp32 registers, see ``qk_promote``), then s = ((acc · σ_q) · σ_k) · scale·log2e.
+   chained on one accumulator (Eq. 6: both parts live in the scaled domain), then
+   s = ((acc · σ_q) · σ_k) · scale·log2e. The tensor core's truncating adder is modelled bit
+   for bit by ``reference.tensor_core_mma``.
 2. V transposition in place: the content tile (64 tokens x 512 dims, K-major SW128) is
    rewritten chunk by chunk as Vᵀ (512 x 64, K-major SW64) through registers; tokens past
    the sequence are zeroed so NaN-filled unused slots never reach the PV GEMM.
@@ -52,13 +53,6 @@ class DecodeConfig:
     page_size: int
     causal: bool
     kv_stages: int = 4
-    alternate: bool = True  # App. C Algorithm 1: the two WGs own alternate blocks (False: WG1 owns all)
-    # Hopper's FP8 WGMMA adds into its accumulator with an e8m13 adder: summing the 16 k-blocks
-    # of QK in one accumulator costs ~2e-3 rel-L2 against fp32 math. Every `qk_promote`
-    # k-blocks the partial sum moves to fp32 registers instead (0: never). Measured on H200,
-    # b1 h128 L640: 0 → 2.2e-3, 4 → 1.5e-3, 2 → 1.1e-3, 1 → 0.8e-3 (2 reached 2.01e-3 on one
-    # random H100 case, against the 2e-3 contract); 1 costs ~15% time in the v1 schedule.
-    qk_promote: int = 1
     pv_splits: int = 4  # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note
 
     @property
@@ -197,6 +191,10 @@ class DecodeKernel:
             FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n), warpgroup.OperandSource.RMEM
         )
         pv_mma_ss = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n))
+        # the first k-step of a chain runs with scale-d = 0 (zeroing the accumulator in
+        # registers instead makes ptxas spill); one MMA object per accumulate mode, set once
+        qk_mma0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
+        pv_mma0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n))
 
         q_nope_sl = L.q_nope_layout()
         q_rope_sl = L.q_rope_layout()
@@ -239,7 +237,7 @@ class DecodeKernel:
         self.shared_storage = SharedStorage
         num_parts = m_sched.shape[0]
         self.kernel(
-            qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss,
+            qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
             tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
             m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets,
             m_out, m_lse, m_o_partial, m_lse_partial, scale_log2,
@@ -260,6 +258,8 @@ class DecodeKernel:
         qk_rope_mma: cute.TiledMma,
         pv_mma_rs: cute.TiledMma,
         pv_mma_ss: cute.TiledMma,
+        qk_mma0: cute.TiledMma,
+        pv_mma0: cute.TiledMma,
         tma_q_nope: cute.CopyAtom,
         g_q_nope: cute.Tensor,
         tma_q_rope: cute.CopyAtom,
@@ -301,12 +301,13 @@ class DecodeKernel:
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
             tx_count=self.q_bytes, defer_sync=True,
         ).make_participants()
-        kv_prod, kv_cons = pipeline.PipelineTmaAsync.create(
+        kv_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.kv_mbar.data_ptr(), num_stages=cfg.kv_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
             tx_count=self.kv_bytes, defer_sync=True,
-        ).make_participants()
+        )
+        kv_prod, _ = kv_pipe.make_participants()
 
         s_q_nope = storage.q_nope.get_tensor(q_nope_sl.outer, swizzle=q_nope_sl.inner)
         s_q_rope = storage.q_rope.get_tensor(q_rope_sl.outer, swizzle=q_rope_sl.inner)
@@ -340,10 +341,10 @@ class DecodeKernel:
             # read after setmaxnreg: values live across it would be spilled to local memory
             begin_req, begin_blk, end_req, end_blk, begin_split, n_reqs = self.read_schedule(m_sched, m_seqlens, part)
             self.consume(
-                qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss,
+                qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
                 s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state,
                 m_q_scale, m_seqlens, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial,
-                scale_log2, q_cons, kv_cons, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
+                scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
                 n_reqs, wg_idx - 1,
             )
 
@@ -461,18 +462,68 @@ class DecodeKernel:
                 sync.arrive_and_wait()
 
     @cute.jit
+    def kv_state(self, g):
+        """Pipeline state of the g-th KV block this CTA consumes (stage g % S, phase (g / S) % 2):
+        each consumer WG waits the stages in order but holds up to three at once, so the
+        states are computed instead of carried."""
+        S = self.cfg.kv_stages
+        return pipeline.PipelineState(S, g, g % S, (g // S) % 2)
+
+    @cute.jit
+    def issue_qk(self, qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, stage):
+        """QK of one block, asynchronously: 16 e4m3 k-steps then 4 bf16 RoPE k-steps chained on
+        one accumulator (Eq. 6). The tensor core's truncating adder is part of the spec
+        (``reference.tensor_core_mma``), so no promotion waits are needed."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
+            cute.gemm(qk_mma0 if kb == 0 else qk_mma, acc_s, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_s)
+        for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
+            cute.gemm(qk_rope_mma, acc_s, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_s)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def pv_half(self, pv_mma0, pv_mma, acc_o_mn, acc_t, acc_t_mn, t_p, t_v, stage, gamma, from_smem: cutlass.Constexpr, slot):
+        """This WG's 256 output dims of one block's P·V: each N = 256 / pv_splits GEMM into a
+        zeroed accumulator, then o = γ·o + P·V in fp32 (order enforcement: blocks in order)."""
+        for h in cutlass.range_constexpr(self.cfg.pv_splits):
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
+                mma = pv_mma0 if kb == 0 else pv_mma
+                if cutlass.const_expr(from_smem):
+                    cute.gemm(mma, acc_t, t_p[None, None, kb, slot], t_v[h][None, None, kb, stage], acc_t)
+                else:
+                    cute.gemm(mma, acc_t, t_p[None, None, kb], t_v[h][None, None, kb, stage], acc_t)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.rescale_add(acc_o_mn[h], acc_t_mn, gamma)
+
+    @cute.jit
     def consume(
-        self, qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss,
+        self, qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
         s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state,
         m_q_scale, m_seqlens, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial,
-        scale_log2, q_cons, kv_cons, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
+        scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
         n_reqs, wg,
     ):
+        """Consumer WG ``wg``: Algorithm 1 software-pipelined (App. C).
+
+        Within a request the WGs own alternate blocks. For each owned block j this WG: waits
+        its QK (issued two blocks earlier), transposes V_j in place, waits for the other WG's
+        state of block j-1, runs the softmax of block j and publishes P_j and its state, then
+        runs PV of block j-1 (P from shared memory) and of block j (P from registers), and
+        finally issues QK of block j+2. The chain between the WGs is softmax → state →
+        softmax; QK, transposition and PV of one WG overlap the other's softmax."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         wg_tidx = tidx % roles.THREADS_PER_WG
         half = CONTENT_DIM // roles.NUM_CONSUMER_WGS
         pv_n = half // cfg.pv_splits
+        # Accumulate modes are set once here: set() inside a staged branch would rebind the
+        # MMA's state in that region (the DSL's dominance rule).
+        for mma in (qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss):
+            mma.set(warpgroup.Field.ACCUMULATE, True)
+        for mma in (qk_mma0, pv_mma0):
+            mma.set(warpgroup.Field.ACCUMULATE, False)
         qk_thr = qk_mma.get_slice(wg_tidx)
         qkr_thr = qk_rope_mma.get_slice(wg_tidx)
         pv_rs_thr = pv_mma_rs.get_slice(wg_tidx)
@@ -498,12 +549,13 @@ class DecodeKernel:
         acc_o_mn = [cute.make_tensor(a.iterator, self._layout_acc_mn(pv_mma_rs, a.layout)) for a in acc_o]
         acc_t = pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n)))
         acc_t_mn = cute.make_tensor(acc_t.iterator, self._layout_acc_mn(pv_mma_rs, acc_t.layout))
+        acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
+        acc_s_mn = cute.make_tensor(acc_s.iterator, self._layout_acc_mn(qk_mma, acc_s.layout))
         c_s = qk_thr.partition_C(cute.make_identity_tensor((L.M_TILE, L.BLOCK_N)))
         c_s_mn = cute.make_tensor(c_s.iterator, self._layout_acc_mn(qk_mma, c_s.layout))
         c_o = pv_rs_thr.partition_C(cute.make_identity_tensor((L.M_TILE, pv_n)))
         c_o_mn = cute.make_tensor(c_o.iterator, self._layout_acc_mn(pv_mma_rs, c_o.layout))
         rows_per_thr = cute.size(c_s_mn, mode=[0])
-        cols_per_thr = cute.size(c_s_mn, mode=[1])
 
         s_kv_words = cute.make_tensor(
             cute.recast_ptr(s_kv.iterator, dtype=Uint32), cute.make_layout((L.BLOCK_N * CONTENT_DIM // 4 * cfg.kv_stages,))
@@ -513,7 +565,8 @@ class DecodeKernel:
         row_max = cute.make_rmem_tensor((rows_per_thr,), Float32)
         row_sum = cute.make_rmem_tensor((rows_per_thr,), Float32)
         sigma_p = cute.make_rmem_tensor((rows_per_thr,), Float32)
-        gamma = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        gamma = cute.make_rmem_tensor((rows_per_thr,), Float32)  # of my block
+        gamma_o = cute.make_rmem_tensor((rows_per_thr,), Float32)  # of the other WG's block
         q_fac = cute.make_rmem_tensor((rows_per_thr,), Float32)
         n_vis = cute.make_rmem_tensor((rows_per_thr,), Int32)
 
@@ -521,6 +574,8 @@ class DecodeKernel:
         for r in cutlass.range(n_reqs, unroll=1):
             req = begin_req + r
             seqlen, blk_lo, blk_hi = self.block_range(m_seqlens, r, req, begin_blk, end_req, end_blk)
+            n = blk_hi - blk_lo
+            k0 = k_global
             for i in cutlass.range_constexpr(rows_per_thr):
                 row = m_tile * L.M_TILE + c_s_mn[i, 0][0]
                 row_max[i] = -Float32.inf
@@ -535,148 +590,137 @@ class DecodeKernel:
             for h in cutlass.range_constexpr(cfg.pv_splits):
                 acc_o[h].fill(0.0)
             hq = q_cons.wait_and_advance()
-            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                slot = k_global % 2
-                mine = wg == 0
-                if cutlass.const_expr(cfg.alternate):
-                    mine = slot == wg
-                hk = kv_cons.wait_and_advance()
-                stage = hk.index
-                if mine:
-                    # ---- QK: e4m3 content + bf16 RoPE into one accumulator (Eq. 6)
-                    acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
-                    if cutlass.const_expr(cfg.qk_promote > 0):
-                        # borrows the PV temp's registers: the two are never live together
-                        acc_qt = cute.make_tensor(acc_t.iterator, acc_s.layout)
-                        n_kb = cute.size(t_q, mode=[2])
-                        for g in cutlass.range_constexpr(n_kb // cfg.qk_promote + 1):
-                            warpgroup.fence()
-                            if cutlass.const_expr(g < n_kb // cfg.qk_promote):
-                                for kk in cutlass.range_constexpr(cfg.qk_promote):
-                                    kb = g * cfg.qk_promote + kk
-                                    qk_mma.set(warpgroup.Field.ACCUMULATE, kk != 0)
-                                    cute.gemm(qk_mma, acc_qt, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_qt)
-                            else:
-                                for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
-                                    qk_rope_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                                    cute.gemm(qk_rope_mma, acc_qt, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_qt)
-                            warpgroup.commit_group()
-                            warpgroup.wait_group(0)
-                            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                                if cutlass.const_expr(g == 0):
-                                    acc_s[e] = acc_qt[e]
-                                else:
-                                    acc_s[e] = acc_s[e] + acc_qt[e]
-                    else:
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
-                            qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(qk_mma, acc_s, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_s)
-                        for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
-                            qk_rope_mma.set(warpgroup.Field.ACCUMULATE, True)
-                            cute.gemm(qk_rope_mma, acc_s, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_s)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(0)
-                    # ---- V transposition in place (tokens past the sequence zeroed)
-                    self.transpose_v(s_kv_words, stage, seqlen - blk * L.BLOCK_N, wg, wg_tidx)
-                    # ---- softmax with V-scale fusion and block-wise P quantization
-                    acc_s_mn = cute.make_tensor(acc_s.iterator, self._layout_acc_mn(qk_mma, acc_s.layout))
-                    for i in cutlass.range_constexpr(rows_per_thr):
-                        m_prev = row_max[i]
-                        if blk == blk_lo:
-                            m_prev = -Float32.inf
-                        m_new = m_prev
-                        for j in cutlass.range_constexpr(cols_per_thr):
-                            col = blk * L.BLOCK_N + c_s_mn[i, j][1]
-                            s = acc_s_mn[i, j] * q_fac[i] * s_ks[c_s_mn[i, j][1] % cfg.box_rows, c_s_mn[i, j][1] // cfg.box_rows, stage] * scale_log2
-                            if col >= n_vis[i]:
-                                s = -Float32.inf
-                            acc_s_mn[i, j] = s
-                            m_new = cute.arch.fmax(m_new, s)
-                        m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
-                        m_safe = m_new
-                        if m_new == -Float32.inf:
-                            m_safe = 0.0
-                        sum_cur = Float32(0.0)
-                        p_max = Float32(0.0)
-                        for j in cutlass.range_constexpr(cols_per_thr):
-                            p = cute.math.exp2(acc_s_mn[i, j] - m_safe, fastmath=True)
-                            sum_cur += p
-                            pf = p * s_ks[c_s_mn[i, j][1] % cfg.box_rows, c_s_mn[i, j][1] // cfg.box_rows, stage]  # P' = P·σ_k
-                            if acc_s_mn[i, j] == -Float32.inf:
-                                pf = 0.0
-                            acc_s_mn[i, j] = pf
-                            p_max = cute.arch.fmax(p_max, pf)
-                        sum_cur = cute.arch.warp_reduction_sum(sum_cur, threads_in_group=4)
-                        p_max = cute.arch.warp_reduction_max(p_max, threads_in_group=4)
-                        sig_prev = sigma_p[i]
-                        if blk == blk_lo:
-                            sig_prev = 1.0
-                        inv = Float32(1.0) / sig_prev
-                        sig_cur = sig_prev
-                        if p_max > 0.0:
-                            inv = Float32(FP8_MAX) / p_max
-                            sig_cur = p_max / Float32(FP8_MAX)
-                        for j in cutlass.range_constexpr(cols_per_thr):
-                            acc_s_mn[i, j] = acc_s_mn[i, j] * inv
-                        g = Float32(0.0)
-                        if m_prev != -Float32.inf:
-                            g = cute.math.exp2(m_prev - m_safe, fastmath=True) * sig_prev * inv
-                        ell = row_sum[i]
-                        if blk == blk_lo:
-                            ell = 0.0
-                        row_sum[i] = g * ell + sum_cur * inv
-                        row_max[i] = m_new
-                        sigma_p[i] = sig_cur
-                        gamma[i] = g
-                    t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
-                    # ---- publish P, state and Vᵀ to the other WG
-                    if k_global >= 2:
-                        pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
-                    cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
-                    if wg_tidx % 4 == 0:
-                        for i in cutlass.range_constexpr(rows_per_thr):
-                            lr = c_s_mn[i, 0][0]
-                            s_state[lr, 0, slot] = row_max[i]
-                            s_state[lr, 1, slot] = sigma_p[i]
-                            s_state[lr, 2, slot] = row_sum[i]
-                            s_state[lr, 3, slot] = gamma[i]
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    wg_sync.arrive_and_wait()
-                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
-                    # ---- PV (own P from registers)
-                    for h in cutlass.range_constexpr(cfg.pv_splits):
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
-                            pv_mma_rs.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(pv_mma_rs, acc_t, t_p[None, None, kb], t_v_rs[h][None, None, kb, stage], acc_t)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(0)
-                        self.rescale_add(acc_o_mn[h], acc_t_mn, gamma)
-                else:
-                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
+            first = (wg + k0) % 2  # my first block in this request (blocks alternate owners)
+            if first == 1 and n >= 1:
+                kv_pipe.consumer_wait(self.kv_state(k0))
+            if first < n:
+                kv_pipe.consumer_wait(self.kv_state(k0 + first))
+                self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, (k0 + first) % cfg.kv_stages)
+            for j in cutlass.range(first, n, 2, unroll=1):
+                g = k0 + j
+                stage = g % cfg.kv_stages
+                slot = g % 2
+                blk = blk_lo + j
+                warpgroup.wait_group(0)
+                # ---- V transposition in place (tokens past the sequence zeroed), then the
+                # other WG's state of block j-1
+                self.transpose_v(s_kv_words, stage, seqlen - blk * L.BLOCK_N, wg, wg_tidx)
+                if j >= 1:
+                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + 1 - slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
                     for i in cutlass.range_constexpr(rows_per_thr):
                         lr = c_s_mn[i, 0][0]
-                        row_max[i] = s_state[lr, 0, slot]
-                        sigma_p[i] = s_state[lr, 1, slot]
-                        row_sum[i] = s_state[lr, 2, slot]
-                        gamma[i] = s_state[lr, 3, slot]
-                    for h in cutlass.range_constexpr(cfg.pv_splits):
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(cute.size(t_p_ss, mode=[2])):
-                            pv_mma_ss.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(pv_mma_ss, acc_t, t_p_ss[None, None, kb, slot], t_v_ss[h][None, None, kb, stage], acc_t)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(0)
-                        self.rescale_add(acc_o_mn[h], acc_t_mn, gamma)
-                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
-                hk.release()
-                k_global += 1
+                        row_max[i] = s_state[lr, 0, 1 - slot]
+                        sigma_p[i] = s_state[lr, 1, 1 - slot]
+                        row_sum[i] = s_state[lr, 2, 1 - slot]
+                        gamma_o[i] = s_state[lr, 3, 1 - slot]
+                # ---- softmax with V-scale fusion and block-wise P quantization
+                self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2)
+                t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
+                # ---- publish P, state and Vᵀ to the other WG
+                if g >= 2:
+                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
+                cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
+                if wg_tidx % 4 == 0:
+                    for i in cutlass.range_constexpr(rows_per_thr):
+                        lr = c_s_mn[i, 0][0]
+                        s_state[lr, 0, slot] = row_max[i]
+                        s_state[lr, 1, slot] = sigma_p[i]
+                        s_state[lr, 2, slot] = row_sum[i]
+                        s_state[lr, 3, slot] = gamma[i]
+                cute.arch.fence_proxy("async.shared", space="cta")
+                wg_sync.arrive_and_wait()
+                pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
+                # ---- PV of block j-1 (P from the other WG), then of block j (own P)
+                if j >= 1:
+                    self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, (g - 1) % cfg.kv_stages, gamma_o, True, 1 - slot)
+                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + 1 - slot, num_threads=roles.PAIR_THREADS).arrive()
+                    kv_pipe.consumer_release(self.kv_state(g - 1))
+                self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, stage, gamma, True, slot)
+                kv_pipe.consumer_release(self.kv_state(g))
+                # ---- next owned block: its QK runs while this WG waits for the other's state
+                if j + 1 < n:
+                    kv_pipe.consumer_wait(self.kv_state(g + 1))
+                if j + 2 < n:
+                    kv_pipe.consumer_wait(self.kv_state(g + 2))
+                    self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, (g + 2) % cfg.kv_stages)
+            warpgroup.wait_group(0)  # nothing is in flight here; tells ptxas acc_s is free
+            # the other WG's last block comes after my last one
+            if n >= 1 and (k0 + n - 1) % 2 != wg:
+                g = k0 + n - 1
+                slot = g % 2
+                pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
+                for i in cutlass.range_constexpr(rows_per_thr):
+                    lr = c_s_mn[i, 0][0]
+                    row_max[i] = s_state[lr, 0, slot]
+                    sigma_p[i] = s_state[lr, 1, slot]
+                    row_sum[i] = s_state[lr, 2, slot]
+                    gamma_o[i] = s_state[lr, 3, slot]
+                self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, g % cfg.kv_stages, gamma_o, True, slot)
+                pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
+                kv_pipe.consumer_release(self.kv_state(g))
+            k_global = k0 + n
             hq.release()
             self.epilogue(
                 acc_o_mn, c_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
-                m_split_offsets, m_tile, req, r, begin_split, blk_hi > blk_lo, wg, wg_tidx,
+                m_split_offsets, m_tile, req, r, begin_split, n > 0, wg, wg_tidx,
             )
+
+    @cute.jit
+    def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2):
+        """Alg. 1 lines 4-9 for this thread's rows: scores in the log2 domain, P = 2^(s-m),
+        P' = P·σ_k, σ_p = rowmax(P')/448, P'/σ_p left in ``acc_s_mn`` for the e4m3 cast;
+        updates (m, σ_p, ℓ) and this block's γ."""
+        cfg = self.cfg
+        rows_per_thr = cute.size(c_s_mn, mode=[0])
+        cols_per_thr = cute.size(c_s_mn, mode=[1])
+        for i in cutlass.range_constexpr(rows_per_thr):
+            m_prev = row_max[i]
+            if first_blk:
+                m_prev = -Float32.inf
+            m_new = m_prev
+            for j in cutlass.range_constexpr(cols_per_thr):
+                col = blk * L.BLOCK_N + c_s_mn[i, j][1]
+                s = acc_s_mn[i, j] * q_fac[i] * s_ks[c_s_mn[i, j][1] % cfg.box_rows, c_s_mn[i, j][1] // cfg.box_rows, stage] * scale_log2
+                if col >= n_vis[i]:
+                    s = -Float32.inf
+                acc_s_mn[i, j] = s
+                m_new = cute.arch.fmax(m_new, s)
+            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+            m_safe = m_new
+            if m_new == -Float32.inf:
+                m_safe = 0.0
+            sum_cur = Float32(0.0)
+            p_max = Float32(0.0)
+            for j in cutlass.range_constexpr(cols_per_thr):
+                p = cute.math.exp2(acc_s_mn[i, j] - m_safe, fastmath=True)
+                sum_cur += p
+                pf = p * s_ks[c_s_mn[i, j][1] % cfg.box_rows, c_s_mn[i, j][1] // cfg.box_rows, stage]  # P' = P·σ_k
+                if acc_s_mn[i, j] == -Float32.inf:
+                    pf = 0.0
+                acc_s_mn[i, j] = pf
+                p_max = cute.arch.fmax(p_max, pf)
+            sum_cur = cute.arch.warp_reduction_sum(sum_cur, threads_in_group=4)
+            p_max = cute.arch.warp_reduction_max(p_max, threads_in_group=4)
+            sig_prev = sigma_p[i]
+            if first_blk:
+                sig_prev = 1.0
+            inv = Float32(1.0) / sig_prev
+            sig_cur = sig_prev
+            if p_max > 0.0:
+                inv = Float32(FP8_MAX) / p_max
+                sig_cur = p_max / Float32(FP8_MAX)
+            for j in cutlass.range_constexpr(cols_per_thr):
+                acc_s_mn[i, j] = acc_s_mn[i, j] * inv
+            g = Float32(0.0)
+            if m_prev != -Float32.inf:
+                g = cute.math.exp2(m_prev - m_safe, fastmath=True) * sig_prev * inv
+            ell = row_sum[i]
+            if first_blk:
+                ell = 0.0
+            row_sum[i] = g * ell + sum_cur * inv
+            row_max[i] = m_new
+            sigma_p[i] = sig_cur
+            gamma[i] = g
 
     @cute.jit
     def rescale_add(self, acc_mn, blk_mn, gamma):

@@ -1,20 +1,27 @@
 """Split-KV scheduler for the decode kernel, computed on the device (CUDA-graph safe).
 
 Reads ``cache_seqlens`` and writes the work split into caller-owned buffers, so a captured
-graph replays correctly when the lengths change, with no host sync. The split follows
-FlashMLA's: every request costs its KV blocks plus a fixed overhead, the total is cut
-into ``num_parts`` near-equal contiguous pieces of the (request, block) sequence, and a
-request cut by a piece boundary is split (its partial results merged by the combine kernel).
+graph replays correctly when the lengths change, with no host sync.
 
-Input  ``cache_seqlens`` int32 [b]
+Cost model (as FlashMLA's): request r costs ``c_r = n_r + overhead`` units, its n_r =
+ceil(L_r / block_n) KV blocks preceded by ``overhead`` units for its Q load and epilogue.
+Laid end to end the requests occupy units ``[S_r, S_r + c_r)`` (S = exclusive prefix sum);
+part p takes units ``[p·w, (p+1)·w)``, w = ceil(total / num_parts), and owns the blocks
+whose units fall there. A request whose blocks span several parts is split (its partial
+results are merged by the combine kernel); an empty request belongs to the part that covers
+the last unit of its overhead and writes a zero output and -inf LSE.
+
+Every part is computed independently (binary searches over S in shared memory), so one
+CTA of 256 threads does the whole plan in two block-wide scans.
+
+Input  ``cache_seqlens`` int32 [b], b <= MAX_BATCH
 Output ``sched``         int32 [num_parts, SCHED_FIELDS]:
           begin request, begin block, end request, end block (exclusive; the end request is
-          processed up to it), split index of the begin request, 0, 0, 0
+          processed up to it), split index of the begin request, 0, 0, 0. A part with no work
+          has end request < begin request (or begin request = b).
        ``split_offsets`` int32 [b + 1]: prefix sums of splits per request (request r has
           ``split_offsets[r+1] - split_offsets[r]`` splits, stored from row split_offsets[r]
-          of the partial buffers)
-Request r has ceil(L_r / block_n) blocks; an empty request costs only the overhead and gets
-one split, which writes a zero output and -inf LSE.
+          of the partial buffers); at most b + num_parts - 1 in all.
 """
 
 from dataclasses import dataclass
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+from cutlass.memory import SmemAllocator
 
 SCHED_FIELDS = 8
 
@@ -30,6 +38,10 @@ SCHED_FIELDS = 8
 class SchedulerConfig:
     block_n: int = 64  # KV tokens per block
     fixed_overhead_blocks: int = 5  # per-request cost (Q load, epilogue) in block units
+
+
+MAX_BATCH = 8192  # the prefix sums live in shared memory
+THREADS = 256
 
 
 class DecodeSchedulerKernel:
@@ -44,89 +56,170 @@ class DecodeSchedulerKernel:
         m_split_offsets: cute.Tensor,
         stream,
     ):
+        @cute.struct
+        class SharedStorage:
+            prefix: cute.struct.MemRange[Int32, MAX_BATCH + 1]
+            warp_sums: cute.struct.MemRange[Int32, THREADS // 32]
+
+        self.shared_storage = SharedStorage
         self.kernel(m_cache_seqlens, m_sched, m_split_offsets).launch(
-            grid=[1, 1, 1], block=[32, 1, 1], stream=stream
+            grid=[1, 1, 1], block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream
         )
+
+    @cute.jit
+    def n_blocks(self, seqlen):
+        return (seqlen + self.cfg.block_n - 1) // self.cfg.block_n
+
+    @cute.jit
+    def exclusive_scan(self, v, s_warp, tidx):
+        """Block-wide exclusive prefix sum of one Int32 per thread: (prefix, total)."""
+        lane = tidx % 32
+        warp = tidx // 32
+        x = v
+        for k in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(x, 1 << k)
+            if lane >= (1 << k):
+                x += y
+        if lane == 31:
+            s_warp[warp] = x
+        cute.arch.sync_threads()
+        before = Int32(0)
+        total = Int32(0)
+        for w in cutlass.range_constexpr(THREADS // 32):
+            t = s_warp[w]
+            if w < warp:
+                before += t
+            total += t
+        cute.arch.sync_threads()  # s_warp is reused by the next scan
+        return before + x - v, total
 
     @cute.kernel
     def kernel(self, m_cache_seqlens: cute.Tensor, m_sched: cute.Tensor, m_split_offsets: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
-        block_n = self.cfg.block_n
-        overhead = self.cfg.fixed_overhead_blocks
+        ov = self.cfg.fixed_overhead_blocks
         batch = m_cache_seqlens.shape[0]
         num_parts = m_sched.shape[0]
-        # The sequential walk is cheap (b + num_parts steps); one thread does it.
+        storage = SmemAllocator().allocate(self.shared_storage)
+        s_pre = storage.prefix.get_tensor(cute.make_layout((MAX_BATCH + 1,)))
+        s_warp = storage.warp_sums.get_tensor(cute.make_layout((THREADS // 32,)))
+        # each thread owns a contiguous run of requests
+        per = (batch + THREADS - 1) // THREADS
+        lo = cutlass.min(tidx * per, batch)
+        hi = cutlass.min(lo + per, batch)
+
+        # 1. unit prefix sums S_r
+        mine = Int32(0)
+        for r in cutlass.range(lo, hi, unroll=1):
+            mine += self.n_blocks(m_cache_seqlens[r]) + ov
+        run, total = self.exclusive_scan(mine, s_warp, tidx)
+        for r in cutlass.range(lo, hi, unroll=1):
+            s_pre[r] = run
+            run += self.n_blocks(m_cache_seqlens[r]) + ov
         if tidx == 0:
-            total = Int32(0)
-            for r in cutlass.range(batch):
-                total += (m_cache_seqlens[r] + block_n - 1) // block_n + overhead
-            payload = (total + num_parts - 1) // num_parts + overhead
-            req = Int32(0)
-            blk = Int32(0)
+            s_pre[batch] = total
+        cute.arch.sync_threads()
+        width = cutlass.max((total + num_parts - 1) // num_parts, 1)
+
+        # 2. splits per request and their prefix sums
+        mine = Int32(0)
+        for r in cutlass.range(lo, hi, unroll=1):
+            mine += self.n_splits(s_pre, r, width)
+        run, total_splits = self.exclusive_scan(mine, s_warp, tidx)
+        for r in cutlass.range(lo, hi, unroll=1):
+            m_split_offsets[r] = run
+            run += self.n_splits(s_pre, r, width)
+        if tidx == 0:
+            m_split_offsets[batch] = total_splits
+
+        # 3. every part on its own
+        for p in cutlass.range(tidx, num_parts, THREADS, unroll=1):
+            u0 = p * width
+            u1 = cutlass.min(u0 + width, total)
+            b_req = batch
+            b_blk = Int32(0)
+            e_req = Int32(0)
+            e_blk = Int32(0)
             split = Int32(0)
-            cum = Int32(0)
-            m_split_offsets[0] = 0
-            for p in cutlass.range(num_parts):
-                m_sched[p, 0] = req
-                m_sched[p, 1] = blk
-                m_sched[p, 4] = split
-                remain = payload
-                walking = req < batch
-                while walking:
-                    n_blocks = (m_cache_seqlens[req] + block_n - 1) // block_n
-                    if remain >= n_blocks - blk + overhead:
-                        cum += split + 1
-                        m_split_offsets[req + 1] = cum
-                        remain -= n_blocks - blk + overhead
-                        req += 1
-                        blk = Int32(0)
-                        split = Int32(0)
-                        walking = req < batch
+            if u0 < total:
+                # begin: the request holding unit u0 (largest r with S_r <= u0)
+                a = Int32(0)
+                z = batch
+                while a < z - 1:
+                    mid = (a + z) // 2
+                    if s_pre[mid] <= u0:
+                        a = mid
                     else:
-                        if remain - overhead > 0:
-                            blk += remain - overhead
-                            split += 1
-                        walking = False
-                # end (exclusive): a piece that stops at a request boundary ends at the
-                # previous request's last block
-                end_req = req
-                end_blk = blk
-                if blk == 0 and req > 0:
-                    end_req = req - 1
-                    end_blk = (m_cache_seqlens[req - 1] + block_n - 1) // block_n
-                m_sched[p, 2] = end_req
-                m_sched[p, 3] = end_blk
-                m_sched[p, 5] = 0
-                m_sched[p, 6] = 0
-                m_sched[p, 7] = 0
+                        z = mid
+                b_req = a
+                first_unit = s_pre[a] + ov
+                b_blk = cutlass.max(u0 - first_unit, 0)
+                if s_pre[a + 1] > first_unit and p * width > first_unit:
+                    split = p - first_unit // width
+                # end: the last request with a block before u1 (an empty one: whose
+                # overhead ends by u1), i.e. the largest r with key_r < u1
+                a = Int32(-1)
+                z = batch
+                while a < z - 1:
+                    mid = (a + z) // 2
+                    if self.end_key(s_pre, mid) < u1:
+                        a = mid
+                    else:
+                        z = mid
+                e_req = a
+                if a >= 0:
+                    e_blk = cutlass.min(s_pre[a + 1] - s_pre[a] - ov, u1 - s_pre[a] - ov)
+            m_sched[p, 0] = b_req
+            m_sched[p, 1] = b_blk
+            m_sched[p, 2] = e_req
+            m_sched[p, 3] = e_blk
+            m_sched[p, 4] = split
+            m_sched[p, 5] = 0
+            m_sched[p, 6] = 0
+            m_sched[p, 7] = 0
+
+    @cute.jit
+    def end_key(self, s_pre, r):
+        ov = self.cfg.fixed_overhead_blocks
+        key = s_pre[r] + ov
+        if s_pre[r + 1] - s_pre[r] == ov:  # empty request: its overhead must be covered
+            key -= 1
+        return key
+
+    @cute.jit
+    def n_splits(self, s_pre, r, width):
+        ov = self.cfg.fixed_overhead_blocks
+        first_unit = s_pre[r] + ov
+        n = Int32(1)
+        if s_pre[r + 1] > first_unit:
+            n = (s_pre[r + 1] - 1) // width - first_unit // width + 1
+        return n
 
 
 def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):
-    """The same walk in plain Python: ``(sched rows, split_offsets)``, for tests and planning."""
+    """The same plan in plain Python: ``(sched rows, split_offsets)``, for tests and planning."""
     lens = [int(x) for x in cache_seqlens]
+    ov = cfg.fixed_overhead_blocks
     n_blocks = [(L + cfg.block_n - 1) // cfg.block_n for L in lens]
-    total = sum(n + cfg.fixed_overhead_blocks for n in n_blocks)
-    payload = (total + num_parts - 1) // num_parts + cfg.fixed_overhead_blocks
-    req = blk = split = cum = 0
-    offsets = [0] * (len(lens) + 1)
+    pre = [0]
+    for n in n_blocks:
+        pre.append(pre[-1] + n + ov)
+    total = pre[-1]
+    width = max((total + num_parts - 1) // num_parts, 1)
+    offsets = [0]
+    for r, n in enumerate(n_blocks):
+        first = pre[r] + ov
+        offsets.append(offsets[-1] + ((pre[r + 1] - 1) // width - first // width + 1 if n else 1))
     sched = []
-    for _ in range(num_parts):
-        row = [req, blk, 0, 0, split, 0, 0, 0]
-        remain = payload
-        while req < len(lens):
-            if remain >= n_blocks[req] - blk + cfg.fixed_overhead_blocks:
-                cum += split + 1
-                offsets[req + 1] = cum
-                remain -= n_blocks[req] - blk + cfg.fixed_overhead_blocks
-                req, blk, split = req + 1, 0, 0
-            else:
-                if remain - cfg.fixed_overhead_blocks > 0:
-                    blk += remain - cfg.fixed_overhead_blocks
-                    split += 1
-                break
-        end_req, end_blk = req, blk
-        if blk == 0 and req > 0:
-            end_req, end_blk = req - 1, n_blocks[req - 1]
-        row[2], row[3] = end_req, end_blk
-        sched.append(row)
+    for p in range(num_parts):
+        u0, u1 = p * width, min(p * width + width, total)
+        if u0 >= total:
+            sched.append([len(lens), 0, 0, 0, 0, 0, 0, 0])
+            continue
+        b = max(r for r in range(len(lens)) if pre[r] <= u0)
+        first = pre[b] + ov
+        split = p - first // width if (n_blocks[b] and u0 > first) else 0
+        keys = [pre[r] + ov - (1 if n_blocks[r] == 0 else 0) for r in range(len(lens))]
+        e = max((r for r in range(len(lens)) if keys[r] < u1), default=-1)
+        e_blk = min(n_blocks[e], u1 - pre[e] - ov) if e >= 0 else 0
+        sched.append([b, max(u0 - first, 0), e, e_blk, split, 0, 0, 0])
     return sched, offsets

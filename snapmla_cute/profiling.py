@@ -1,0 +1,160 @@
+"""Nsight Compute profiles of the decode step (`snapmla-cute profile`).
+
+Three pieces, so each can run alone:
+
+* ``run_target(shape)`` — what runs under ncu: builds one decode case, compiles and runs it
+  once outside the profiled range, then one ``mla_decode`` call (scheduler, decode, combine)
+  between ``cudaProfilerStart``/``Stop``.
+* ``ncu_command(...)`` — the ncu command line: ``--clock-control none`` (the clocks stay as
+  in serving), ``--profile-from-start off``, and the sections that matter for this kernel.
+* ``summarize(report)`` — reads a ``.ncu-rep`` back through ``ncu --import`` and prints per
+  kernel the few lines worth keeping in git (duration, DRAM/memory/SM throughput, tensor
+  pipe, registers, occupancy, the top warp stall reasons).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+SECTIONS = (
+    "SpeedOfLight",
+    "MemoryWorkloadAnalysis",
+    "ComputeWorkloadAnalysis",
+    "WarpStateStats",
+    "SourceCounters",
+    "LaunchStats",
+    "Occupancy",
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    heads: int
+    s_q: int
+    seqlen: int
+    causal: bool
+    page_size: int = 64
+
+
+SHAPES = {
+    # memory-bound: one query token, 4096 keys
+    "s1": Shape("b128 h128 s_q1 s_k4096", 128, 128, 1, 4096, False),
+    # compute-bound: two causal query tokens
+    "s2": Shape("b128 h128 s_q2 s_k8192 causal", 128, 128, 2, 8192, True),
+}
+
+
+def run_target(shape: Shape) -> None:
+    import torch
+
+    from snapmla_cute import FP8KVCache, decode_metadata, mla_decode, quantize_q
+
+    b, h, s_q, L, ps = shape.batch, shape.heads, shape.s_q, shape.seqlen, shape.page_size
+    n = (L + ps - 1) // ps
+    cache = FP8KVCache.allocate(b * n, ps, device="cuda")
+    cache.kv.random_(0, 100)  # finite e4m3 codes and small finite bf16 RoPE
+    cache.kv_scale.fill_(1e-2)
+    block_table = torch.randperm(b * n, device="cuda", dtype=torch.int32).view(b, n)
+    seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
+    q = quantize_q(torch.randn(b, s_q, h, 576, device="cuda", dtype=torch.bfloat16))
+    md = decode_metadata(seqlens, s_q=s_q, heads=h)
+    out = torch.empty(b, s_q, h, 512, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(b, h, s_q, device="cuda", dtype=torch.float32)
+
+    def step():
+        mla_decode(q, cache, block_table, seqlens, causal=shape.causal, metadata=md, out=out, lse=lse, check=False)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def ncu_binary() -> str | None:
+    return shutil.which("ncu") or next(
+        (p for p in ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/ncu") if shutil.which(p)), None
+    )
+
+
+def ncu_command(shape_key: str, report: str, ncu: str = "ncu") -> list[str]:
+    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--force-overwrite", "-o", report]
+    for s in SECTIONS:
+        cmd += ["--section", s]
+    return cmd + [sys.executable, "-m", "snapmla_cute.profiling", shape_key]
+
+
+# (printed label, section name, metric name) from the report's details page
+_DETAILS = [
+    ("duration", "GPU Speed Of Light Throughput", "Duration"),
+    ("DRAM throughput", "GPU Speed Of Light Throughput", "DRAM Throughput"),
+    ("memory throughput", "GPU Speed Of Light Throughput", "Memory Throughput"),
+    ("SM (compute) throughput", "GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
+    ("L2 hit rate", "Memory Workload Analysis", "L2 Hit Rate"),
+    ("registers/thread", "Launch Statistics", "Registers Per Thread"),
+    ("grid", "Launch Statistics", "Grid Size"),
+    ("achieved occupancy", "Occupancy", "Achieved Occupancy"),
+    ("issue slots busy", "Compute Workload Analysis", "Issue Slots Busy"),
+    ("warp cycles/issued inst", "Warp State Statistics", "Warp Cycles Per Issued Instruction"),
+]
+
+
+def _csv(ncu: str, report: str, page: str) -> list[dict]:
+    text = subprocess.run(
+        [ncu, "--import", report, "--page", page, "--csv"], check=True, capture_output=True, text=True
+    ).stdout
+    start = text.find('"ID"')
+    return list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
+
+
+def _short(name: str) -> str:
+    for key in ("DecodeKernel", "Combine", "Scheduler"):
+        if key.lower() in name.lower():
+            return key
+    return name[:40]
+
+
+def summarize(report: str, ncu: str = "ncu") -> str:
+    """Text summary of an ncu report (one block per profiled kernel)."""
+    lines = []
+    details = _csv(ncu, report, "details")
+    raw = _csv(ncu, report, "raw")
+    kernels: dict[str, dict] = {}
+    for row in details:
+        k = kernels.setdefault(row["ID"], {"name": _short(row.get("Kernel Name", "")), "m": {}})
+        k["m"][(row.get("Section Name"), row.get("Metric Name"))] = (row.get("Metric Value"), row.get("Metric Unit"))
+    raw_by_id = {r["ID"]: r for r in raw if r.get("ID", "").isdigit()}
+    for kid, k in kernels.items():
+        lines.append(f"[{kid}] {k['name']}")
+        for label, sec, met in _DETAILS:
+            v = k["m"].get((sec, met))
+            if v:
+                lines.append(f"  {label:26s} {v[0]} {v[1] or ''}".rstrip())
+        r = raw_by_id.get(kid, {})
+        for label, m in (("tensor pipe active", "sm__pipe_tensor_cycles_active"), ("GMMA inst issued", "sm__inst_executed_pipe_tensor_op_gmma")):
+            v = r.get(m + ".avg.pct_of_peak_sustained_active")
+            if v:
+                lines.append(f"  {label:26s} {v} % of peak")
+        stalls = []
+        for m, v in r.items():
+            if m.startswith("smsp__average_warps_issue_stalled_") and m.endswith("_per_issue_active.ratio"):
+                try:
+                    stalls.append((float(v.replace(",", "")), m[len("smsp__average_warps_issue_stalled_") : -len("_per_issue_active.ratio")]))
+                except ValueError:
+                    pass
+        if stalls:
+            top = ", ".join(f"{n} {x:.2f}" for x, n in sorted(stalls, reverse=True)[:5])
+            lines.append(f"  {'top stalls (cyc/issue)':26s} {top}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    run_target(SHAPES[sys.argv[1]])
