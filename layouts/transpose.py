@@ -1,12 +1,11 @@
 """The in-kernel V transposition (content tile → Vᵀ), as a byte-level mapping on plain ints.
 
 The decode kernel rewrites each 8 KiB chunk of the K-major SW128 content tile
-(64 tokens x 128 dims) as the K-major SW64 Vᵀ chunk (128 dims x 64 tokens) in place:
-thread ``t`` of the owning warpgroup takes tokens ``4a..4a+3`` (``a = t % 16``) and dims
-``16b..16b+15`` (``b = t // 16``), loads 4 rows x 16 bytes, transposes 4x4 byte blocks with
-``prmt`` (selectors 0x5140, 0x7362, 0x5410, 0x7632) and stores one 32-bit word per dim.
-``transpose_chunk_emulated`` replays exactly that on a bytearray, so the CPU tests can check
-the kernel's address arithmetic and permutation against ``smem.content_offset``/``vt_offset``.
+(64 tokens x 128 dims) as the K-major SW64 Vᵀ chunk (128 dims x 64 tokens) in place, with
+``ldmatrix.trans`` → ``prmt`` → ``stmatrix`` (FA3's FP8 V transpose, here in place). The
+lane address maps below are the ones the kernel traces; ``transpose_ldsm_emulated`` replays
+the program (PTX semantics of the three instructions) on a bytearray so the CPU tests check
+it against ``smem.content_offset``/``vt_offset``.
 """
 
 from __future__ import annotations
@@ -20,43 +19,137 @@ def prmt(a: int, b: int, selector: int) -> int:
     return int.from_bytes(bytes(pool[(selector >> (4 * i)) & 0x7] for i in range(4)), "little")
 
 
-def transpose_4x4(rows: list[int]) -> list[int]:
-    """Four 32-bit words (token r holds dims 0..3) → four words (dim e holds tokens 0..3)."""
-    lo01 = prmt(rows[0], rows[1], 0x5140)
-    hi01 = prmt(rows[0], rows[1], 0x7362)
-    lo23 = prmt(rows[2], rows[3], 0x5140)
-    hi23 = prmt(rows[2], rows[3], 0x7362)
-    return [prmt(lo01, lo23, 0x5410), prmt(lo01, lo23, 0x7632), prmt(hi01, hi23, 0x5410), prmt(hi01, hi23, 0x7632)]
+# --------------------------------------------------------------------------------------------
+# The decode kernel's transposition: ldmatrix.trans -> prmt -> stmatrix (conflict-free)
+# --------------------------------------------------------------------------------------------
+#
+# The owning warpgroup's 4 warps walk 16 steps; in step k warp w takes the unit of 32 tokens
+# (tb = w % 2) x 16 dims (db = 2k + w // 2): one ``ldmatrix.m8n8.x4.trans.b16`` (lane l gives
+# the row address of matrix m = l / 8, row i = l % 8: token tb*32 + 16*(m>>1) + (f(i) ^ 2*(m&1)),
+# f = 0,1,4,5,10,11,14,15; dims db*16..+15), two ``prmt`` per register pair gathering 4
+# consecutive tokens of one dim, one ``stmatrix.m8n8.x4.b16`` (lane l gives the row address
+# of dim db*16 + 2i + ((m&1) ^ (i>>2)), tokens tb*32 + 16*(m>>1)..+15). Steps 4c..4c+3 cover
+# chunk c exactly, so the rewrite is in place with one warpgroup barrier per chunk between
+# its loads and its stores. Every 8-lane phase touches 8 distinct 16-byte bank groups on both
+# sides (checked below), so neither side has bank conflicts.
+
+LDSM_WARPS = 4
+LDSM_STEPS = 16
 
 
-def src_word(chunk: int, token: int, b: int, w: int) -> int:
-    """Byte offset of word ``w`` of the 16-byte group ``b`` (dims 16b..16b+15) of ``token``."""
-    base = (token % 8) * 128 + (token // 8) * 1024 + 16 * b
-    return chunk * CHUNK_BYTES + swizzle(base, 3) + 4 * w
+def ldsm_unit(warp: int, step: int) -> tuple[int, int]:
+    """(tb, db): the 32-token half and 16-dim group warp ``warp`` transposes in ``step``."""
+    u = step * LDSM_WARPS + warp
+    return u % 2, u // 2
 
 
-def dst_word(chunk: int, dim: int, a: int) -> int:
-    """Byte offset of the word holding tokens 4a..4a+3 of ``dim`` (0..127 within the chunk)."""
-    base = (dim % 8) * 64 + (dim // 8) * 512 + 4 * a
-    return chunk * CHUNK_BYTES + swizzle(base, 2)
+def ldsm_lane(lane):
+    """(token within the unit of the ldmatrix row address, dim within the unit of the stmatrix
+    row address, first token within the unit of that stmatrix row) for ``lane``; plain
+    integer ops so it traces on DSL ints too."""
+    m = lane >> 3
+    i = lane & 7
+    f = (i & 1) + 4 * (i >> 1) + 2 * (i >> 2)
+    return 16 * (m >> 1) + (f ^ (2 * (m & 1))), 2 * i + ((m & 1) ^ (i >> 2)), 16 * (m >> 1)
 
 
-def transpose_chunk_emulated(buf: bytearray, chunk: int, valid_tokens: int = 64) -> None:
-    """Replays the 128 threads' loads, ``prmt`` transposes and stores for one chunk."""
-    loaded = {}
-    for t in range(128):  # all loads happen before the warpgroup barrier
-        a, b = t % 16, t // 16
-        loaded[t] = [
-            [int.from_bytes(buf[src_word(chunk, 4 * a + r, b, w) :][:4], "little") for w in range(4)]
-            for r in range(4)
-        ]
-    for t in range(128):
-        a, b = t % 16, t // 16
-        keep = 0xFFFFFFFF
-        if 4 * a + 4 > valid_tokens:
-            keep = 0 if 4 * a >= valid_tokens else (1 << (8 * (valid_tokens - 4 * a))) - 1
-        for w in range(4):
-            outs = transpose_4x4([loaded[t][r][w] for r in range(4)])
-            for e in range(4):
-                off = dst_word(chunk, 16 * b + 4 * w + e, a)
-                buf[off : off + 4] = (outs[e] & keep).to_bytes(4, "little")
+def ldsm_src(warp, lane, step: int):
+    """Byte offset (in the content tile) of the ldmatrix row address of ``lane``."""
+    tok, _, _ = ldsm_lane(lane)
+    tb = warp % 2
+    db = (step * LDSM_WARPS + warp) // 2
+    return content_offset_int(tb * 32 + tok, db * 16)
+
+
+def stsm_dst(warp, lane, step: int):
+    """Byte offset (in the Vᵀ tile) of the stmatrix row address of ``lane``."""
+    _, dim, tok = ldsm_lane(lane)
+    tb = warp % 2
+    db = (step * LDSM_WARPS + warp) // 2
+    return vt_offset_int(db * 16 + dim, tb * 32 + tok)
+
+
+def content_offset_int(row, col_byte):
+    """``smem.content_offset`` written with operators only (traces on DSL ints)."""
+    chunk = col_byte // 128
+    off = (row % 8) * 128 + (row // 8) * 1024 + col_byte % 128
+    return chunk * CHUNK_BYTES + (off ^ (((off >> 7) & 7) << 4))
+
+
+def vt_offset_int(dim, token):
+    """``smem.vt_offset`` written with operators only (traces on DSL ints)."""
+    off = (dim % 8) * 64 + (dim // 8) * 512 + token
+    return off ^ (((off >> 7) & 3) << 4)
+
+
+def _step_constants():
+    """Per-step address constants: src(k) = src(0) ^ SRC_XOR[k] + SRC_ADD[k], dst(k) = dst(0) +
+    DST_ADD[k], for every warp and lane (verified here, at import)."""
+    src_xor = [32 * (k % 4) for k in range(LDSM_STEPS)]
+    src_add = [CHUNK_BYTES * (k // 4) for k in range(LDSM_STEPS)]
+    dst_add = [2048 * k for k in range(LDSM_STEPS)]
+    for w in range(LDSM_WARPS):
+        for lane in range(32):
+            s0, d0 = ldsm_src(w, lane, 0), stsm_dst(w, lane, 0)
+            for k in range(LDSM_STEPS):
+                assert ldsm_src(w, lane, k) == (s0 ^ src_xor[k]) + src_add[k]
+                assert stsm_dst(w, lane, k) == d0 + dst_add[k]
+    return src_xor, src_add, dst_add
+
+
+SRC_XOR, SRC_ADD, DST_ADD = _step_constants()
+
+
+def prmt_selectors(lane):
+    """(sel0, sel1) of ``lane``: sel0 builds the word of dim 2c (2c+1 when c >= 4), sel1 the
+    other, each from the two b16 registers of one ldmatrix matrix pair (c = lane / 4)."""
+    q = lane & 3
+    c = lane >> 2
+    even, odd = (0x6420, 0x7531) if q < 2 else (0x2064, 0x3175)
+    return (odd, even) if c >= 4 else (even, odd)
+
+
+def ldsm_keep_masks(warp, lane, valid_tokens):
+    """Byte masks zeroing tokens >= ``valid_tokens`` in the two stored word groups of a lane
+    (tokens tb*32 + 4q.. for registers 0, 1 and tb*32 + 16 + 4q.. for 2, 3)."""
+    first = (warp % 2) * 32 + 4 * (lane & 3)
+    out = []
+    for t0 in (first, first + 16):
+        n = valid_tokens - t0
+        out.append(0xFFFFFFFF if n >= 4 else (0 if n <= 0 else (1 << (8 * n)) - 1))
+    return out
+
+
+def transpose_ldsm_emulated(buf: bytearray, valid_tokens: int = 64) -> None:
+    """Replays the kernel's ldmatrix.trans / prmt / stmatrix program on a 32 KiB tile, chunk by
+    chunk (all loads of a chunk before its stores), so the CPU tests check it byte for byte."""
+
+    def b16(off):
+        return int.from_bytes(buf[off : off + 2], "little")
+
+    for c in range(4):
+        regs = {}
+        for k in range(4 * c, 4 * c + 4):
+            for w in range(LDSM_WARPS):
+                # row addresses given by the lanes: matrix m, row i -> 16 bytes = 8 b16 elements
+                rows = {(l >> 3, l & 7): ldsm_src(w, l, k) for l in range(32)}
+                for t in range(32):
+                    q, col = t & 3, t >> 2
+                    # .trans: thread t gets element (row 2q, 2q+1; column col) of each matrix
+                    regs[(k, w, t)] = [
+                        b16(rows[(m, 2 * q)] + 2 * col) | (b16(rows[(m, 2 * q + 1)] + 2 * col) << 16)
+                        for m in range(4)
+                    ]
+        for k in range(4 * c, 4 * c + 4):
+            for w in range(LDSM_WARPS):
+                dst_rows = {(l >> 3, l & 7): stsm_dst(w, l, k) for l in range(32)}
+                for t in range(32):
+                    r0, r1, r2, r3 = regs[(k, w, t)]
+                    s0, s1 = prmt_selectors(t)
+                    lo_mask, hi_mask = ldsm_keep_masks(w, t, valid_tokens)
+                    words = [prmt(r0, r1, s0) & lo_mask, prmt(r0, r1, s1) & lo_mask,
+                             prmt(r2, r3, s0) & hi_mask, prmt(r2, r3, s1) & hi_mask]
+                    # stmatrix: register j is matrix j; thread t holds row t/4, bytes 4(t%4)..+3
+                    for j in range(4):
+                        off = dst_rows[(j, t >> 2)] + 4 * (t & 3)
+                        buf[off : off + 4] = words[j].to_bytes(4, "little")

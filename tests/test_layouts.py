@@ -61,20 +61,38 @@ def test_sw128_rows_of_one_column_group_hit_distinct_banks():
         assert len(groups) == 8
 
 
-@pytest.mark.parametrize("valid", [64, 63, 17, 4, 1])
+@pytest.mark.parametrize("valid", [64, 63, 40, 33, 17, 4, 1, 0])
 def test_in_place_transposition_produces_vt(valid):
+    """The kernel's ldmatrix.trans / prmt / stmatrix program, replayed byte for byte."""
     rng = random.Random(valid)
     content = [[rng.randrange(256) for _ in range(512)] for _ in range(64)]
     buf = bytearray(32768)
     for r in range(64):
         for c in range(512):
             buf[smem.content_offset(r, c)] = content[r][c]
-    for chunk in range(4):
-        transpose.transpose_chunk_emulated(buf, chunk, valid)
+    transpose.transpose_ldsm_emulated(buf, valid)
     for d in range(512):
         for t in range(64):
             want = content[t][d] if t < valid else 0  # tokens past the sequence are zeroed
             assert buf[smem.vt_offset(d, t)] == want, (d, t)
+
+
+def test_transposition_is_chunk_local_and_conflict_free():
+    for w in range(transpose.LDSM_WARPS):
+        for k in range(transpose.LDSM_STEPS):
+            src = [transpose.ldsm_src(w, lane, k) for lane in range(32)]
+            dst = [transpose.stsm_dst(w, lane, k) for lane in range(32)]
+            # in place: step k reads and writes only chunk k // 4
+            assert {a // smem.CHUNK_BYTES for a in src + dst} == {k // 4}
+            for m in range(4):  # each 8-lane phase hits 8 distinct 16-byte bank groups
+                assert len({(a % 128) // 16 for a in src[8 * m : 8 * m + 8]}) == 8
+                assert len({(a % 128) // 16 for a in dst[8 * m : 8 * m + 8]}) == 8
+    for row in range(64):
+        for col in range(0, 512, 16):
+            assert transpose.content_offset_int(row, col) == smem.content_offset(row, col)
+    for d in range(512):
+        for t in range(0, 64, 4):
+            assert transpose.vt_offset_int(d, t) == smem.vt_offset(d, t)
 
 
 def test_prmt_matches_ptx_semantics():

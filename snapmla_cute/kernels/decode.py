@@ -35,6 +35,7 @@ from cutlass.memory import SmemAllocator
 from snapmla_cute.format import CONTENT_DIM, FP8_MAX, ROPE_DIM
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.layouts import transpose as T
+from snapmla_cute.kernels.ptx import ldsm_x4_trans, stsm_x4
 from snapmla_cute.pipelines import roles
 
 FP8 = cutlass.Float8E4M3FN
@@ -54,6 +55,9 @@ class DecodeConfig:
     causal: bool
     kv_stages: int = 4
     pv_splits: int = 4  # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note
+    # Profiling only (wrong results): stages left out to time the rest, e.g. ("transpose",).
+    # METHOD.md's "time variants that leave one stage out"; never set by the library.
+    skip: tuple = ()
 
     @property
     def rows(self) -> int:
@@ -342,7 +346,7 @@ class DecodeKernel:
             begin_req, begin_blk, end_req, end_blk, begin_split, n_reqs = self.read_schedule(m_sched, m_seqlens, part)
             self.consume(
                 qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
-                s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state,
+                s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state, storage.kv.data_ptr().toint(),
                 m_q_scale, m_seqlens, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial,
                 scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
                 n_reqs, wg_idx - 1,
@@ -403,19 +407,32 @@ class DecodeKernel:
             cute.group_modes(s_ks, 0, 1),
             cute.group_modes(cute.flat_divide(g_ks, (br,)), 0, 1),
         )
+        lane = cute.arch.lane_idx()
+        table_width = m_block_table.shape[1]
         for r in cutlass.range(n_reqs, unroll=1):
             req = begin_req + r
             seqlen, blk_lo, blk_hi = self.block_range(m_seqlens, r, req, begin_blk, end_req, end_blk)
+            n_entries = (seqlen + cfg.page_size - 1) // cfg.page_size
             hq = q_prod.acquire_and_advance()
             cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
             cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            # block-table entries 32 at a time, one per lane: one load latency per 32 pages
+            # instead of one per KV block on the producer's critical path
+            base = Int32(-64)
+            cached = Int32(OOB_PAGE)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 hk = kv_prod.acquire_and_advance()
                 for sub in cutlass.range_constexpr(self.n_sub):
                     tok = blk * L.BLOCK_N + sub * br
-                    page = Int32(OOB_PAGE)
-                    if tok < seqlen:
-                        page = m_block_table[req, tok // cfg.page_size]
+                    entry = tok // cfg.page_size
+                    if entry >= base + 32:
+                        base = entry
+                        cached = Int32(OOB_PAGE)
+                        if base + lane < n_entries and base + lane < table_width:
+                            cached = m_block_table[req, base + lane]
+                    page = cute.arch.shuffle_sync(cached, entry - base)
+                    if tok >= seqlen:
+                        page = Int32(OOB_PAGE)
                     tile = (tok % cfg.page_size) // br
                     cute.copy(tma_kv, tkv_g[(None, tile, 0, page)], tkv_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
                     cute.copy(tma_kr, tkr_g[(None, tile, 0, page)], tkr_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
@@ -423,43 +440,56 @@ class DecodeKernel:
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
-    def transpose_v(self, s_kv_words: cute.Tensor, stage, valid_tokens, wg, wg_tidx):
-        """Content tile → Vᵀ in place, one 8 KiB chunk at a time, zeroing tokens ≥ valid.
-
-        Addresses come from ``layouts.transpose`` (plain integer maps that also trace on DSL
-        ints), whose CPU emulation the tests check against the two tile layouts."""
-        a = wg_tidx % 16  # tokens 4a..4a+3
-        b = wg_tidx // 16  # dims 16b..16b+15 of the chunk
-        keep = Uint32(0xFFFFFFFF)
-        if 4 * a + 4 > valid_tokens:
-            keep = Uint32(0)
-            if 4 * a < valid_tokens:
-                keep = (Uint32(1) << (8 * (valid_tokens - 4 * a))) - Uint32(1)
-        stage_words = stage * (L.BLOCK_N * CONTENT_DIM // 4)
+    def transpose_v(self, kv_addr: Int32, stage, valid_tokens, wg, wg_tidx):
+        """Content tile → Vᵀ in place with ldmatrix.trans → prmt → stmatrix, zeroing tokens
+        ≥ valid (``layouts.transpose``: the lane maps, their step constants and a byte-exact
+        CPU replay of this program). One warpgroup barrier per 8 KiB chunk, between its
+        loads and its stores; both sides are bank-conflict free."""
+        warp = wg_tidx // 32
+        lane = wg_tidx % 32
+        base = kv_addr + stage * (L.BLOCK_N * CONTENT_DIM)
+        src0 = T.ldsm_src(warp, lane, 0)
+        dst0 = base + T.stsm_dst(warp, lane, 0)
+        q = lane & 3
+        sel_even = Int32(0x6420)
+        sel_odd = Int32(0x7531)
+        if q >= 2:
+            sel_even = Int32(0x2064)
+            sel_odd = Int32(0x3175)
+        sel0 = sel_even
+        sel1 = sel_odd
+        if lane >= 16:  # c = lane / 4 >= 4: the two words swap dims
+            sel0 = sel_odd
+            sel1 = sel_even
+        first = (warp % 2) * 32 + 4 * q
+        keep_lo = Uint32(0xFFFFFFFF)
+        keep_hi = Uint32(0xFFFFFFFF)
+        if valid_tokens - first < 4:
+            keep_lo = Uint32(0)
+            if valid_tokens - first > 0:
+                keep_lo = (Uint32(1) << (8 * (valid_tokens - first))) - Uint32(1)
+        if valid_tokens - first - 16 < 4:
+            keep_hi = Uint32(0)
+            if valid_tokens - first - 16 > 0:
+                keep_hi = (Uint32(1) << (8 * (valid_tokens - first - 16))) - Uint32(1)
         sync = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.wg_sync[0] + wg, num_threads=roles.THREADS_PER_WG)
-        for c in cutlass.range_constexpr(CONTENT_DIM // 128):
-            src = cute.make_rmem_tensor((4, 4), Uint32)  # (token r, word w)
-            for r in cutlass.range_constexpr(4):
-                row_word = stage_words + T.src_word(c, 4 * a + r, b, 0) // 4
-                for w in cutlass.range_constexpr(4):
-                    src[r, w] = s_kv_words[row_word + w]
+        per_chunk = T.LDSM_STEPS // 4
+        for c in cutlass.range_constexpr(4):
+            regs = []
+            for kk in cutlass.range_constexpr(per_chunk):
+                k = c * per_chunk + kk
+                regs.append(ldsm_x4_trans(base + ((src0 ^ T.SRC_XOR[k]) + T.SRC_ADD[k])))
             sync.arrive_and_wait()
-            for w in cutlass.range_constexpr(4):
-                lo01 = cute.arch.prmt(src[0, w], src[1, w], 0x5140)
-                hi01 = cute.arch.prmt(src[0, w], src[1, w], 0x7362)
-                lo23 = cute.arch.prmt(src[2, w], src[3, w], 0x5140)
-                hi23 = cute.arch.prmt(src[2, w], src[3, w], 0x7362)
-                outs = (
-                    cute.arch.prmt(lo01, lo23, 0x5410),
-                    cute.arch.prmt(lo01, lo23, 0x7632),
-                    cute.arch.prmt(hi01, hi23, 0x5410),
-                    cute.arch.prmt(hi01, hi23, 0x7632),
+            for kk in cutlass.range_constexpr(per_chunk):
+                k = c * per_chunk + kk
+                r0, r1, r2, r3 = regs[kk]
+                stsm_x4(
+                    dst0 + T.DST_ADD[k],
+                    Int32(Uint32(cute.arch.prmt(r0, r1, sel0)) & keep_lo),
+                    Int32(Uint32(cute.arch.prmt(r0, r1, sel1)) & keep_lo),
+                    Int32(Uint32(cute.arch.prmt(r2, r3, sel0)) & keep_hi),
+                    Int32(Uint32(cute.arch.prmt(r2, r3, sel1)) & keep_hi),
                 )
-                for e in cutlass.range_constexpr(4):
-                    dst = T.dst_word(c, 16 * b + 4 * w + e, a)
-                    s_kv_words[stage_words + dst // 4] = Uint32(outs[e]) & keep
-            if cutlass.const_expr(c + 1 < CONTENT_DIM // 128):
-                sync.arrive_and_wait()
 
     @cute.jit
     def kv_state(self, g):
@@ -475,10 +505,11 @@ class DecodeKernel:
         one accumulator (Eq. 6). The tensor core's truncating adder is part of the spec
         (``reference.tensor_core_mma``), so no promotion waits are needed."""
         warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
-            cute.gemm(qk_mma0 if kb == 0 else qk_mma, acc_s, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_s)
-        for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
-            cute.gemm(qk_rope_mma, acc_s, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_s)
+        if cutlass.const_expr("qk" not in self.cfg.skip):
+            for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
+                cute.gemm(qk_mma0 if kb == 0 else qk_mma, acc_s, t_q[None, None, kb, 0], t_k[None, None, kb, stage], acc_s)
+            for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
+                cute.gemm(qk_rope_mma, acc_s, t_qr[None, None, kb, 0], t_kr[None, None, kb, stage], acc_s)
         warpgroup.commit_group()
 
     @cute.jit
@@ -500,7 +531,7 @@ class DecodeKernel:
     @cute.jit
     def consume(
         self, qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
-        s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state,
+        s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state, kv_addr,
         m_q_scale, m_seqlens, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial,
         scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
         n_reqs, wg,
@@ -550,6 +581,10 @@ class DecodeKernel:
         acc_t = pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n)))
         acc_t_mn = cute.make_tensor(acc_t.iterator, self._layout_acc_mn(pv_mma_rs, acc_t.layout))
         acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
+        if cutlass.const_expr(cute.size(acc_t) >= cute.size(acc_s)):
+            # S and a PV temporary are never live together (QK(j+2) is issued after this
+            # block's PV), so S borrows the temporary's registers
+            acc_s = cute.make_tensor(acc_t.iterator, acc_s.layout)
         acc_s_mn = cute.make_tensor(acc_s.iterator, self._layout_acc_mn(qk_mma, acc_s.layout))
         c_s = qk_thr.partition_C(cute.make_identity_tensor((L.M_TILE, L.BLOCK_N)))
         c_s_mn = cute.make_tensor(c_s.iterator, self._layout_acc_mn(qk_mma, c_s.layout))
@@ -557,9 +592,6 @@ class DecodeKernel:
         c_o_mn = cute.make_tensor(c_o.iterator, self._layout_acc_mn(pv_mma_rs, c_o.layout))
         rows_per_thr = cute.size(c_s_mn, mode=[0])
 
-        s_kv_words = cute.make_tensor(
-            cute.recast_ptr(s_kv.iterator, dtype=Uint32), cute.make_layout((L.BLOCK_N * CONTENT_DIM // 4 * cfg.kv_stages,))
-        )
         wg_sync = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.wg_sync[0] + wg, num_threads=roles.THREADS_PER_WG)
 
         row_max = cute.make_rmem_tensor((rows_per_thr,), Float32)
@@ -604,7 +636,8 @@ class DecodeKernel:
                 warpgroup.wait_group(0)
                 # ---- V transposition in place (tokens past the sequence zeroed), then the
                 # other WG's state of block j-1
-                self.transpose_v(s_kv_words, stage, seqlen - blk * L.BLOCK_N, wg, wg_tidx)
+                if cutlass.const_expr("transpose" not in cfg.skip):
+                    self.transpose_v(kv_addr, stage, seqlen - blk * L.BLOCK_N, wg, wg_tidx)
                 if j >= 1:
                     pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + 1 - slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
                     for i in cutlass.range_constexpr(rows_per_thr):
@@ -614,7 +647,8 @@ class DecodeKernel:
                         row_sum[i] = s_state[lr, 2, 1 - slot]
                         gamma_o[i] = s_state[lr, 3, 1 - slot]
                 # ---- softmax with V-scale fusion and block-wise P quantization
-                self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2)
+                if cutlass.const_expr("softmax" not in cfg.skip):
+                    self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2)
                 t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
                 # ---- publish P, state and Vᵀ to the other WG
                 if g >= 2:
@@ -632,10 +666,12 @@ class DecodeKernel:
                 pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
                 # ---- PV of block j-1 (P from the other WG), then of block j (own P)
                 if j >= 1:
-                    self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, (g - 1) % cfg.kv_stages, gamma_o, True, 1 - slot)
+                    if cutlass.const_expr("pv" not in cfg.skip):
+                        self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, (g - 1) % cfg.kv_stages, gamma_o, True, 1 - slot)
                     pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + 1 - slot, num_threads=roles.PAIR_THREADS).arrive()
                     kv_pipe.consumer_release(self.kv_state(g - 1))
-                self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, stage, gamma, True, slot)
+                if cutlass.const_expr("pv" not in cfg.skip):
+                    self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, stage, gamma, True, slot)
                 kv_pipe.consumer_release(self.kv_state(g))
                 # ---- next owned block: its QK runs while this WG waits for the other's state
                 if j + 1 < n:
@@ -673,6 +709,9 @@ class DecodeKernel:
         cfg = self.cfg
         rows_per_thr = cute.size(c_s_mn, mode=[0])
         cols_per_thr = cute.size(c_s_mn, mode=[1])
+        ks = cute.make_rmem_tensor((cols_per_thr,), Float32)  # σ_k of this thread's columns
+        for j in cutlass.range_constexpr(cols_per_thr):
+            ks[j] = s_ks[c_s_mn[0, j][1] % cfg.box_rows, c_s_mn[0, j][1] // cfg.box_rows, stage]
         for i in cutlass.range_constexpr(rows_per_thr):
             m_prev = row_max[i]
             if first_blk:
@@ -680,7 +719,7 @@ class DecodeKernel:
             m_new = m_prev
             for j in cutlass.range_constexpr(cols_per_thr):
                 col = blk * L.BLOCK_N + c_s_mn[i, j][1]
-                s = acc_s_mn[i, j] * q_fac[i] * s_ks[c_s_mn[i, j][1] % cfg.box_rows, c_s_mn[i, j][1] // cfg.box_rows, stage] * scale_log2
+                s = acc_s_mn[i, j] * q_fac[i] * ks[j] * scale_log2
                 if col >= n_vis[i]:
                     s = -Float32.inf
                 acc_s_mn[i, j] = s
@@ -694,7 +733,7 @@ class DecodeKernel:
             for j in cutlass.range_constexpr(cols_per_thr):
                 p = cute.math.exp2(acc_s_mn[i, j] - m_safe, fastmath=True)
                 sum_cur += p
-                pf = p * s_ks[c_s_mn[i, j][1] % cfg.box_rows, c_s_mn[i, j][1] // cfg.box_rows, stage]  # P' = P·σ_k
+                pf = p * ks[j]  # P' = P·σ_k
                 if acc_s_mn[i, j] == -Float32.inf:
                     pf = 0.0
                 acc_s_mn[i, j] = pf
