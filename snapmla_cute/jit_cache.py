@@ -125,6 +125,11 @@ def _fake_args(name: str, config=None):
             make_fake_tensor(f32, (n, h, config.s_q), (h * config.s_q, config.s_q, 1), assumed_align=4),
             stream,
         )
+    if name == "decode_step":
+        dec = _fake_args("decode", config.decode)
+        comb = _fake_args("decode_combine", _combine_config(config.decode))
+        # shared tensors are passed once; the combine's split_offsets and lse are the decode's
+        return (*dec[:14], comb[0], comb[1], comb[3], dec[14], stream)
     if name == "decode":
         h, s_q, ps = config.heads, config.s_q, config.page_size
         R = h * s_q
@@ -158,7 +163,14 @@ _KERNELS = {
     "decode_scheduler": ("decode_scheduler", "DecodeSchedulerKernel", "SchedulerConfig"),
     "decode_combine": ("decode_combine", "DecodeCombineKernel", None),
     "decode": ("decode", "DecodeKernel", None),
+    "decode_step": ("decode_step", "DecodeStepKernel", None),
 }
+
+
+def _combine_config(decode_config):
+    from snapmla_cute.kernels.decode_combine import CombineConfig
+
+    return CombineConfig(heads=decode_config.heads, s_q=decode_config.s_q)
 
 
 def _kernel_module(name: str):

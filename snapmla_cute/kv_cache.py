@@ -118,6 +118,20 @@ class FP8KVCache:
             self.kv_scale.view(self.num_slots),
         )
 
+    def decode_views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode kernel's views (content bytes ``(ps, 512, P)``, bf16 RoPE ``(ps, 64, P)``,
+        scales ``(ps, P)``), built once per cache object: a decode call does no view work."""
+        views = self.__dict__.get("_decode_views")
+        if views is None:
+            kv = self.kv
+            views = (
+                kv.permute(1, 2, 0)[:, :CONTENT_DIM, :],
+                kv.view(torch.bfloat16).permute(1, 2, 0)[:, CONTENT_DIM // 2 :, :],
+                self.kv_scale.t(),
+            )
+            self.__dict__["_decode_views"] = views
+        return views
+
     def __repr__(self) -> str:
         return (
             f"FP8KVCache(num_pages={self.num_pages}, page_size={self.page_size}, "

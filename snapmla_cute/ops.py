@@ -215,6 +215,13 @@ class DecodeMetadata:
     def update(self, cache_seqlens: torch.Tensor) -> None:
         _launcher("decode_scheduler")(cache_seqlens, self.sched, self.split_offsets)
 
+    def decode_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partial buffers as the decode kernel indexes them, built once."""
+        views = self.__dict__.get("_decode_views")
+        if views is None:
+            views = self.__dict__["_decode_views"] = (self.o_partial.permute(1, 2, 0), self.lse_partial.t())
+        return views
+
 
 def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -243,24 +250,20 @@ def decode_metadata(
 
 
 DECODE_TUNING: dict = {}  # DecodeConfig fields beyond the shape (tile/schedule choices)
+_LOG2E = 1.4426950408889634
+_DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
 
 
-def _decode_launcher(heads: int, s_q: int, page_size: int, causal: bool):
+def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool):
+    tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
+
     def make():
         from snapmla_cute.kernels.decode import DecodeConfig
+        from snapmla_cute.kernels.decode_step import DecodeStepConfig
 
-        return DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **DECODE_TUNING)
+        return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **DECODE_TUNING))
 
-    return _launcher("decode", (heads, s_q, page_size, causal, tuple(sorted(DECODE_TUNING.items()))), make)
-
-
-def _combine_launcher(heads: int, s_q: int):
-    def make():
-        from snapmla_cute.kernels.decode_combine import CombineConfig
-
-        return CombineConfig(heads=heads, s_q=s_q)
-
-    return _launcher("decode_combine", (heads, s_q), make)
+    return _launcher("decode_step", (heads, s_q, page_size, causal, tuning), make)
 
 
 def mla_decode(
@@ -285,8 +288,6 @@ def mla_decode(
     ``softmax_scale`` defaults to 576^-0.5. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and
     ``lse`` fp32 ``[b, h, s_q]`` (natural log).
     """
-    import math
-
     if isinstance(q, (tuple, list)):
         if len(q) != 3:
             raise ValueError(f"q: expected (q_nope, q_rope, q_scale), got {len(q)} tensors")
@@ -350,8 +351,6 @@ def mla_decode(
         )
     if metadata is None:
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h)
-    else:
-        metadata.update(cache_seqlens)
     if not isinstance(q, (tuple, list)):
         q_nope, q_rope, q_scale = quantize_q(
             q, check=check, out=(metadata.q_nope, metadata.q_rope, metadata.q_scale)
@@ -362,30 +361,31 @@ def mla_decode(
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     if b == 0:
         return out, lse
-    scale = HEAD_DIM**-0.5 if softmax_scale is None else float(softmax_scale)
+    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else float(softmax_scale) * _LOG2E
     rows = s_q * h
-    kv = cache.kv
-    kv_rows = kv.permute(1, 2, 0)
-    kv_bf16 = kv.view(torch.bfloat16).permute(1, 2, 0)
-    _decode_launcher(h, s_q, cache.page_size, bool(causal))(
+    kv_content, kv_rope, kv_scale = cache.decode_views()
+    o_partial_t, lse_partial_t = metadata.decode_views()
+    out_rows = out.view(b, rows, CONTENT_DIM)
+    # one call: the scheduler re-plans from the current lengths, then decode and combine
+    _step_launcher(h, s_q, cache.page_size, bool(causal))(
         q_nope.view(torch.uint8).view(b, rows, CONTENT_DIM).permute(1, 2, 0),
         q_rope.view(b, rows, ROPE_DIM).permute(1, 2, 0),
         q_scale.view(b, rows).t(),
-        kv_rows[:, :CONTENT_DIM, :],
-        kv_bf16[:, CONTENT_DIM // 2 :, :],
-        cache.kv_scale.t(),
+        kv_content,
+        kv_rope,
+        kv_scale,
         block_table,
         cache_seqlens,
         metadata.sched,
         metadata.split_offsets,
-        out.view(b, rows, CONTENT_DIM).permute(1, 2, 0),
+        out_rows.permute(1, 2, 0),
         lse,
-        metadata.o_partial.permute(1, 2, 0),
-        metadata.lse_partial.t(),
-        scale * math.log2(math.e),
-    )
-    _combine_launcher(h, s_q)(
-        metadata.o_partial, metadata.lse_partial, metadata.split_offsets, out.view(b, rows, CONTENT_DIM), lse
+        o_partial_t,
+        lse_partial_t,
+        metadata.o_partial,
+        metadata.lse_partial,
+        out_rows,
+        scale,
     )
     return out, lse
 
@@ -398,13 +398,13 @@ def warmup(
     import itertools
 
     from snapmla_cute.kernels.decode import DecodeConfig
-    from snapmla_cute.kernels.decode_combine import CombineConfig
+    from snapmla_cute.kernels.decode_step import DecodeStepConfig
 
     work = [(n, None) for n in (*jit_cache.KERNEL_NAMES, "decode_scheduler")]
-    for h, s in itertools.product(heads, s_q):
-        work.append(("decode_combine", CombineConfig(heads=h, s_q=s)))
     for h, s, p, c in itertools.product(heads, s_q, page_sizes, causal):
-        work.append(("decode", DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **DECODE_TUNING)))
+        work.append(
+            ("decode_step", DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **DECODE_TUNING)))
+        )
     bar = None
     if progress:
         try:

@@ -12,7 +12,9 @@ from snapmla_cute import decode_metadata, mla_decode, quantize_q  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.bench import time_us  # noqa: E402
 
-VARIANTS = [dict(pv_splits=4), dict(pv_splits=2)]
+import ast  # noqa: E402
+
+VARIANTS = [ast.literal_eval(a) for a in sys.argv[1:]] or [dict()]
 acc_cases = [(1, 1, 128, 64, [640], False, 1000), (2, 1, 128, 64, [8192, 100], False, 1), (3, 2, 32, 16, [0, 77, 3000], True, None)]
 refs = []
 for b, s_q, h, ps, lens, causal, parts in acc_cases:

@@ -55,6 +55,10 @@ class DecodeConfig:
     causal: bool
     kv_stages: int = 4
     pv_splits: int = 4  # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note
+    # PV temporaries: with 2 a GEMM is issued before the previous one is added (measured 3%
+    # faster on b128 h128 s_k4096, but causal s_q>1 variants then spill)
+    pv_temps: int = 1
+    qk_early: bool = True  # issue QK of block j+2 right after PV(j) instead of when j+2 starts
     # Profiling only (wrong results): stages left out to time the rest, e.g. ("transpose",).
     # METHOD.md's "time variants that leave one stage out"; never set by the library.
     skip: tuple = ()
@@ -513,20 +517,27 @@ class DecodeKernel:
         warpgroup.commit_group()
 
     @cute.jit
-    def pv_half(self, pv_mma0, pv_mma, acc_o_mn, acc_t, acc_t_mn, t_p, t_v, stage, gamma, from_smem: cutlass.Constexpr, slot):
-        """This WG's 256 output dims of one block's P·V: each N = 256 / pv_splits GEMM into a
-        zeroed accumulator, then o = γ·o + P·V in fp32 (order enforcement: blocks in order)."""
-        for h in cutlass.range_constexpr(self.cfg.pv_splits):
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
-                mma = pv_mma0 if kb == 0 else pv_mma
-                if cutlass.const_expr(from_smem):
-                    cute.gemm(mma, acc_t, t_p[None, None, kb, slot], t_v[h][None, None, kb, stage], acc_t)
-                else:
-                    cute.gemm(mma, acc_t, t_p[None, None, kb], t_v[h][None, None, kb, stage], acc_t)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            self.rescale_add(acc_o_mn[h], acc_t_mn, gamma)
+    def pv_blocks(self, pv_mma0, pv_mma, acc_o_mn, temps, temps_mn, t_p, t_v, blocks):
+        """This WG's 256 output dims of one or two blocks' P·V, in block order (order
+        enforcement): each N = 256 / pv_splits GEMM lands in a zeroed temporary and
+        o = γ·o + P·V is done in fp32. With two temporaries the next GEMM is issued before
+        the previous one is waited for and added. ``blocks``: [(stage, γ, P slot), ...]."""
+        work = [(st, g, sl, h) for st, g, sl in blocks for h in range(self.cfg.pv_splits)]
+        n_t = len(temps)
+        for w in cutlass.range_constexpr(len(work) + n_t - 1):
+            if cutlass.const_expr(w < len(work)):
+                st, _, sl, h = work[w]
+                acc = temps[w % n_t]
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
+                    mma = pv_mma0 if kb == 0 else pv_mma
+                    cute.gemm(mma, acc, t_p[None, None, kb, sl], t_v[h][None, None, kb, st], acc)
+                warpgroup.commit_group()
+            d = w - (n_t - 1)  # the GEMM to finish now
+            if cutlass.const_expr(d >= 0):
+                warpgroup.wait_group(min(n_t - 1, len(work) - 1 - d))
+                _, g, _, h = work[d]
+                self.rescale_add(acc_o_mn[h], temps_mn[d % n_t], g)
 
     @cute.jit
     def consume(
@@ -578,8 +589,9 @@ class DecodeKernel:
 
         acc_o = [pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n))) for _ in range(cfg.pv_splits)]
         acc_o_mn = [cute.make_tensor(a.iterator, self._layout_acc_mn(pv_mma_rs, a.layout)) for a in acc_o]
-        acc_t = pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n)))
-        acc_t_mn = cute.make_tensor(acc_t.iterator, self._layout_acc_mn(pv_mma_rs, acc_t.layout))
+        temps = [pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n))) for _ in range(cfg.pv_temps)]
+        temps_mn = [cute.make_tensor(t.iterator, self._layout_acc_mn(pv_mma_rs, t.layout)) for t in temps]
+        acc_t = temps[0]
         acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
         if cutlass.const_expr(cute.size(acc_t) >= cute.size(acc_s)):
             # S and a PV temporary are never live together (QK(j+2) is issued after this
@@ -627,12 +639,15 @@ class DecodeKernel:
                 kv_pipe.consumer_wait(self.kv_state(k0))
             if first < n:
                 kv_pipe.consumer_wait(self.kv_state(k0 + first))
-                self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, (k0 + first) % cfg.kv_stages)
+                if cutlass.const_expr(cfg.qk_early):
+                    self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, (k0 + first) % cfg.kv_stages)
             for j in cutlass.range(first, n, 2, unroll=1):
                 g = k0 + j
                 stage = g % cfg.kv_stages
                 slot = g % 2
                 blk = blk_lo + j
+                if cutlass.const_expr(not cfg.qk_early):
+                    self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, stage)
                 warpgroup.wait_group(0)
                 # ---- V transposition in place (tokens past the sequence zeroed), then the
                 # other WG's state of block j-1
@@ -648,7 +663,7 @@ class DecodeKernel:
                         gamma_o[i] = s_state[lr, 3, 1 - slot]
                 # ---- softmax with V-scale fusion and block-wise P quantization
                 if cutlass.const_expr("softmax" not in cfg.skip):
-                    self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2)
+                    self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, seqlen - blk * L.BLOCK_N, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2)
                 t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
                 # ---- publish P, state and Vᵀ to the other WG
                 if g >= 2:
@@ -667,18 +682,23 @@ class DecodeKernel:
                 # ---- PV of block j-1 (P from the other WG), then of block j (own P)
                 if j >= 1:
                     if cutlass.const_expr("pv" not in cfg.skip):
-                        self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, (g - 1) % cfg.kv_stages, gamma_o, True, 1 - slot)
+                        self.pv_blocks(
+                            pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
+                            [((g - 1) % cfg.kv_stages, gamma_o, 1 - slot), (stage, gamma, slot)],
+                        )
                     pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + 1 - slot, num_threads=roles.PAIR_THREADS).arrive()
                     kv_pipe.consumer_release(self.kv_state(g - 1))
-                if cutlass.const_expr("pv" not in cfg.skip):
-                    self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, stage, gamma, True, slot)
+                else:
+                    if cutlass.const_expr("pv" not in cfg.skip):
+                        self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(stage, gamma, slot)])
                 kv_pipe.consumer_release(self.kv_state(g))
                 # ---- next owned block: its QK runs while this WG waits for the other's state
                 if j + 1 < n:
                     kv_pipe.consumer_wait(self.kv_state(g + 1))
                 if j + 2 < n:
                     kv_pipe.consumer_wait(self.kv_state(g + 2))
-                    self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, (g + 2) % cfg.kv_stages)
+                    if cutlass.const_expr(cfg.qk_early):
+                        self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, (g + 2) % cfg.kv_stages)
             warpgroup.wait_group(0)  # nothing is in flight here; tells ptxas acc_s is free
             # the other WG's last block comes after my last one
             if n >= 1 and (k0 + n - 1) % 2 != wg:
@@ -691,7 +711,7 @@ class DecodeKernel:
                     sigma_p[i] = s_state[lr, 1, slot]
                     row_sum[i] = s_state[lr, 2, slot]
                     gamma_o[i] = s_state[lr, 3, slot]
-                self.pv_half(pv_mma0, pv_mma_ss, acc_o_mn, acc_t, acc_t_mn, t_p_ss, t_v_ss, g % cfg.kv_stages, gamma_o, True, slot)
+                self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(g % cfg.kv_stages, gamma_o, slot)])
                 pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
                 kv_pipe.consumer_release(self.kv_state(g))
             k_global = k0 + n
@@ -702,16 +722,20 @@ class DecodeKernel:
             )
 
     @cute.jit
-    def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2):
+    def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2):
         """Alg. 1 lines 4-9 for this thread's rows: scores in the log2 domain, P = 2^(s-m),
         P' = P·σ_k, σ_p = rowmax(P')/448, P'/σ_p left in ``acc_s_mn`` for the e4m3 cast;
         updates (m, σ_p, ℓ) and this block's γ."""
         cfg = self.cfg
         rows_per_thr = cute.size(c_s_mn, mode=[0])
         cols_per_thr = cute.size(c_s_mn, mode=[1])
-        ks = cute.make_rmem_tensor((cols_per_thr,), Float32)  # σ_k of this thread's columns
+        # σ_k of this thread's columns, 0 past the sequence (those slots may hold NaN; their
+        # P is 0, and 0·0 keeps P' clean without a per-element test)
+        ks = cute.make_rmem_tensor((cols_per_thr,), Float32)
         for j in cutlass.range_constexpr(cols_per_thr):
-            ks[j] = s_ks[c_s_mn[0, j][1] % cfg.box_rows, c_s_mn[0, j][1] // cfg.box_rows, stage]
+            ks[j] = 0.0
+            if c_s_mn[0, j][1] < valid:
+                ks[j] = s_ks[c_s_mn[0, j][1] % cfg.box_rows, c_s_mn[0, j][1] // cfg.box_rows, stage]
         for i in cutlass.range_constexpr(rows_per_thr):
             m_prev = row_max[i]
             if first_blk:
@@ -734,8 +758,6 @@ class DecodeKernel:
                 p = cute.math.exp2(acc_s_mn[i, j] - m_safe, fastmath=True)
                 sum_cur += p
                 pf = p * ks[j]  # P' = P·σ_k
-                if acc_s_mn[i, j] == -Float32.inf:
-                    pf = 0.0
                 acc_s_mn[i, j] = pf
                 p_max = cute.arch.fmax(p_max, pf)
             sum_cur = cute.arch.warp_reduction_sum(sum_cur, threads_in_group=4)
