@@ -148,6 +148,47 @@ DECODE_SHAPES = [
 ]
 
 
+def _flash_mla_us(q, kv, lens, block_table, page_size, causal, s_q) -> float | None:
+    """BF16 FlashMLA on the same shape, timed in this run, when ``flash_mla`` is importable
+    (it is not on the project's GPU machine: then the anchors' figures stand in)."""
+    try:
+        import flash_mla
+    except ImportError:
+        return None
+    b, _, h, _ = q.shape
+    k_cache = kv.view(-1, page_size, 1, 576)  # the same tokens, bf16, one KV head
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    meta, splits = flash_mla.get_mla_metadata(seqlens, s_q * h, 1)
+    table = block_table
+    qb = q.view(b, s_q, h, 576)
+    return time_us(
+        lambda: flash_mla.flash_mla_with_kvcache(qb, k_cache, table, seqlens, 512, meta, splits, causal=causal)
+    )
+
+
+def plot_rows(rows, path: str) -> None:
+    """Bar chart of µs per shape: this kernel, the BF16 FlashMLA reference, the floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["shape"] for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
+    w = 0.27
+    ax.bar([i - w for i in x], [r["us"] for r in rows], w, label="snapmla-cute FP8")
+    ax.bar(list(x), [r.get("flashmla_bf16_us") or 0 for r in rows], w, label="FlashMLA BF16 (reference)")
+    ax.bar([i + w for i in x], [r["floor_us"] for r in rows], w, label="floor")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("µs")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def _decode_lengths(b: int, s_k: int, varlen: bool, seed: int = 0) -> list[int]:
     if not varlen:
         return [s_k] * b
@@ -198,6 +239,11 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
         us = time_us(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         us_e2e = time_us(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         host = host_us_per_call(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
+        from snapmla_cute.ops import _step_call
+
+        step, step_args = _step_call(*qq, cache, block_table, seqlens, md, out, lse, None, causal)
+        launch = host_us_per_call(lambda: step(*step_args))
+        fm_us = _flash_mla_us(q, kv, lens, block_table, page_size, causal, s_q)
         tokens = sum(lens)
         flops = 2 * (576 + 512) * s_q * h * tokens
         nbytes = tokens * 644 + b * s_q * h * (512 + 128 + 4 + 512 * 2 + 4)
@@ -215,6 +261,8 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
                 speedup=round(base / us, 2) if base else None,
                 e2e_bf16_q_us=round(us_e2e, 1),
                 host_us=round(host, 1),
+                launch_us=round(launch, 1),
+                flash_mla_here_us=round(fm_us, 1) if fm_us else None,
             )
         )
         del cache, kv

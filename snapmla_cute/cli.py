@@ -38,7 +38,22 @@ def _bench(args):
     if args.what == "fused":
         print_table(bench_fused(tokens=args.tokens, page_size=args.page_size), json_path=args.json)
     else:
-        print_table(bench_decode(page_size=args.page_size), json_path=args.json)
+        from snapmla_cute.bench import DECODE_SHAPES, plot_rows
+
+        shapes = list(DECODE_SHAPES) if not args.shape or args.with_standard else []
+        for spec in args.shape or []:
+            parts = spec.split(",")
+            try:
+                b, h, s_q, s_k = (int(v) for v in parts[:4])
+            except ValueError:
+                print(f"--shape {spec!r}: expected b,h,s_q,s_k[,varlen]")
+                return 2
+            shapes.append((b, h, s_q, s_k, len(parts) > 4 and parts[4] == "varlen"))
+        rows = bench_decode(shapes=shapes, page_size=args.page_size)
+        print_table(rows, json_path=args.json)
+        if args.plot:
+            plot_rows(rows, args.plot)
+            print(f"chart written to {args.plot}")
 
 
 def _profile(args):
@@ -122,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, nargs="+", default=[1 << 16, 1 << 20, 1 << 22])
     b.add_argument("--page-size", type=int, default=64)
     b.add_argument("--json", help="also write the rows as JSON here")
+    b.add_argument("--shape", action="append", metavar="B,H,S_Q,S_K[,varlen]",
+                   help="decode shape to time (repeatable); replaces the standard table unless --with-standard")
+    b.add_argument("--with-standard", action="store_true", help="time --shape rows after the standard ones")
+    b.add_argument("--plot", metavar="PNG", help="write a bar chart of the decode rows")
     b.set_defaults(func=_bench)
     pr = sub.add_parser("profile", help="Nsight Compute profile of the decode step (scheduler, decode, combine)")
     pr.add_argument("shapes", nargs="*", default=["s1", "s2"],

@@ -193,3 +193,45 @@ def test_metrics():
     assert ref.cos_diff(-x, x) == 2.0
     assert ref.lse_max_abs(torch.tensor([-math.inf, 1.0]), torch.tensor([-math.inf, 1.5])) == 0.5
     assert ref.lse_max_abs(torch.tensor([0.0, 1.0]), torch.tensor([-math.inf, 1.0])) == math.inf
+
+
+def test_tensor_core_mma_truncates_like_hopper():
+    """Hand-made cases of the fitted WGMMA adder (the fit itself: profiles/experiments/)."""
+    mma = ref.tensor_core_mma
+    one = torch.tensor([[1.0, 2.0**-6]])
+    # 2^-14 is below the 13-bit grid of the largest product (2^0): dropped, where fp32 keeps it
+    assert mma(one, torch.tensor([[1.0, 2.0**-8]])).item() == 1.0
+    assert (one @ torch.tensor([[1.0, 2.0**-8]]).T).item() == 1.0 + 2.0**-14
+    # 2^-13 is on the grid: kept
+    assert mma(one, torch.tensor([[1.0, 2.0**-7]])).item() == 1.0 + 2.0**-13
+    # truncation is toward zero, also for a negative term (not toward -inf)
+    assert mma(torch.tensor([[1.0, -(2.0**-6)]]), torch.tensor([[1.0, 2.0**-8]])).item() == 1.0
+    # the incoming accumulator takes part in the alignment: 16 + 2^-10 loses the small term
+    acc = torch.tensor([[16.0]])
+    assert mma(torch.tensor([[2.0**-5]]), torch.tensor([[2.0**-5]]), acc).item() == 16.0
+    # k = 32 per instruction: the second instruction aligns to its own largest product
+    a = torch.zeros(1, 64)
+    b = torch.zeros(1, 64)
+    a[0, 0], b[0, 0] = 1.0, 1.0
+    a[0, 32], b[0, 32] = 2.0**-6, 2.0**-7
+    assert mma(a, b).item() == 1.0 + 2.0**-13
+    # bf16 (k = 16): 25 alignment bits, result truncated to fp32's 23
+    x = torch.tensor([[1.0, 2.0**-12]], dtype=torch.bfloat16)
+    y = torch.tensor([[1.0, 2.0**-12]], dtype=torch.bfloat16)
+    assert mma(x, y, kind="bf16").item() == 1.0  # 1 + 2^-24: below fp32's ulp of 1, truncated
+    x2 = torch.tensor([[1.0, 2.0**-11]], dtype=torch.bfloat16)
+    assert mma(x2, x2, kind="bf16").item() == 1.0 + 2.0**-22  # on the grid: kept
+
+
+def test_emulation_modes():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 1, 16, 576, generator=gen).to(torch.bfloat16)
+    k = (torch.randn(1, 64, 576, generator=gen) / 10).to(torch.bfloat16)
+    kv, ks = ref.quantize_kv_cache(k)
+    bt = torch.zeros(1, 1, dtype=torch.int32)
+    L = torch.tensor([50], dtype=torch.int32)
+    o_h, _ = ref.mla_decode_emulated(q, (kv, ks), bt, L)
+    o_x, _ = ref.mla_decode_emulated(q, (kv, ks), bt, L, mma="exact")
+    assert 0 < ref.rel_l2(o_h, o_x) < 1e-2  # different adders, same algorithm
+    with pytest.raises(ValueError, match="mma"):
+        ref.mla_decode_emulated(q, k, bt, L, config="A", mma="hopper")
