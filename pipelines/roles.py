@@ -5,11 +5,12 @@ One CTA = 3 warpgroups (384 threads):
 * WG0 — producer. ``setmaxnreg`` down to 24; warp 0 issues every TMA load (Q once per
   request segment, then per 64-token KV block: e4m3 content, bf16 RoPE, fp32 scales).
 * WG1, WG2 — consumers. ``setmaxnreg`` up to 240; consumer ``w`` owns output dims
-  ``[256 w, 256 w + 256)``. The WG that *owns* a KV block runs its QK GEMM, transposes V in
-  place, runs the softmax and quantizes P; both WGs then run their half of the PV GEMM, in
-  block order (App. C order enforcement: the accumulator's scale only moves forward).
-  With ``alternate`` the owner alternates (App. C Algorithm 1: WG1 owns even blocks, WG2
-  odd ones); without it WG1 owns every block.
+  ``[256 w, 256 w + 256)``. They own alternate KV blocks (App. C Algorithm 1). For its
+  block j a consumer waits for its QK (issued after its PV of block j-2), transposes V_j
+  in place, waits for the other consumer's softmax state of block j-1, runs the softmax,
+  publishes P_j and its state, then runs its half of PV for block j-1 and block j, in
+  block order (App. C order enforcement: the accumulator's scale only moves forward), and
+  issues QK of block j+2.
 
 Named barriers (hardware ids 1..15; 0 is ``__syncthreads``) between the two consumer WGs
 (256 threads each; one side arrives, the other waits, so no side can run two generations

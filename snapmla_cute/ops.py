@@ -227,6 +227,19 @@ def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def default_num_parts(batch: int, m_tiles: int, num_sms: int) -> int:
+    """CTAs per query tile. Up to one wave (SMs / query tiles); with at least that many
+    requests, the smallest count that keeps the same requests per part (b128 on 66 slots →
+    64 parts of 2 requests) if it leaves at most 10% of the slots idle: equal-length
+    batches then run unsplit, with no fp32 partials written and no combine work."""
+    slots = max(1, num_sms // m_tiles)
+    if batch < slots:
+        return slots
+    per_part = -(-batch // slots)
+    even = -(-batch // per_part)
+    return even if 10 * even >= 9 * slots else slots  # idle SMs cost more than splits past 10%
+
+
 def decode_metadata(
     cache_seqlens: torch.Tensor, *, s_q: int, heads: int, num_parts: int | None = None
 ) -> DecodeMetadata:
@@ -243,7 +256,7 @@ def decode_metadata(
     _check_cuda(cache_seqlens=cache_seqlens)
     m_tiles = (s_q * heads + 63) // 64
     if num_parts is None:
-        num_parts = max(1, _num_sms(cache_seqlens.device) // m_tiles)
+        num_parts = default_num_parts(cache_seqlens.shape[0], m_tiles, _num_sms(cache_seqlens.device))
     md = DecodeMetadata(cache_seqlens.shape[0], s_q, heads, num_parts, cache_seqlens.device)
     md.update(cache_seqlens)
     return md

@@ -55,3 +55,15 @@ def test_parts_are_balanced():
         work.append(w)
     assert sum(work) == 128 * 64
     assert max(work) - min(work) <= 11  # parts differ by at most two requests' overheads
+
+
+def test_default_parts_avoid_splitting_equal_batches():
+    from snapmla_cute.ops import default_num_parts
+
+    assert default_num_parts(128, 2, 132) == 64  # 2 requests per part, unsplit, 128 of 132 SMs
+    assert default_num_parts(128, 4, 132) == 32
+    assert default_num_parts(32, 1, 132) == 132  # few requests: split them over every SM
+    assert default_num_parts(1, 2, 132) == 66
+    assert default_num_parts(100, 2, 132) == 66  # 50 parts would idle 24% of the SMs
+    sched, offsets = schedule_reference([4096] * 128, 64)
+    assert offsets[-1] == 128  # no request split

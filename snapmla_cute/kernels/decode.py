@@ -12,9 +12,14 @@ the KV blocks the split-KV scheduler gave its part. Per 64-token block:
    the sequence are zeroed so NaN-filled unused slots never reach the PV GEMM.
 3. Online softmax with V-scale fusion P' = P·σ_k and per-row block-wise P quantization
    (σ_p = rowmax(P')/448), implicit dequantization through γ = 2^(m-m_new)·σ_p/σ_p,cur.
-4. P accumulator → e4m3 A operand in registers (byte permutation, ``make_acc_into_op``).
-5. PV: FP8 WGMMA, each consumer WG owning 256 output dims, strictly in block order; each
-   block's P·V lands in a zeroed accumulator and o = γ·o + P·V is done in fp32.
+4. P accumulator → e4m3 A-operand register layout (byte permutation,
+   ``make_acc_into_op``), published through shared memory with the softmax state.
+5. PV: FP8 WGMMA (P and Vᵀ from shared memory), each consumer WG owning 256 output dims,
+   strictly in block order; each block's P·V lands in a zeroed accumulator and
+   o = γ·o + P·V is done in fp32.
+
+The two consumer WGs own alternate blocks and are software-pipelined (see ``consume``);
+the producer warp streams Q and the KV blocks through a 4-stage TMA/mbarrier ring.
 
 Everything is checked against ``reference.mla_decode_emulated``.
 """
@@ -576,10 +581,6 @@ class DecodeKernel:
         t_qr = qkr_thr.make_fragment_A(qkr_thr.partition_A(s_q_rope))
         t_kr = qkr_thr.make_fragment_B(qkr_thr.partition_B(s_kr))
         s_vt_parts = cute.flat_divide(s_vt, (pv_n, L.BLOCK_N))  # (pv_n, 64, 512/pv_n, 1, stages)
-        t_v_rs = [
-            pv_rs_thr.make_fragment_B(pv_rs_thr.partition_B(cute.slice_(s_vt_parts, (None, None, wg * cfg.pv_splits + h, 0, None))))
-            for h in range(cfg.pv_splits)
-        ]
         t_v_ss = [
             pv_ss_thr.make_fragment_B(pv_ss_thr.partition_B(cute.slice_(s_vt_parts, (None, None, wg * cfg.pv_splits + h, 0, None))))
             for h in range(cfg.pv_splits)
