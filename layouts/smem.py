@@ -32,9 +32,10 @@ def swizzle(offset: int, bits: int, base: int = 4, shift: int = 3) -> int:
 
 
 def content_offset(row: int, col_byte: int) -> int:
-    """Byte offset of e4m3 element (row, col) of a K-major SW128 ``(64, 512)`` tile."""
-    chunk, b = divmod(col_byte, 128)
-    return chunk * CHUNK_BYTES + swizzle((row % 8) * 128 + (row // 8) * 1024 + b, 3)
+    """Byte offset of e4m3 element (row, col) of a K-major SW128 ``(64, 512)`` tile.
+
+    Operators only (like every map here), so the kernel traces it on DSL integers."""
+    return (col_byte // 128) * CHUNK_BYTES + swizzle((row % 8) * 128 + (row // 8) * 1024 + col_byte % 128, 3)
 
 
 def vt_offset(dim: int, token: int) -> int:

@@ -10,7 +10,7 @@ it against ``smem.content_offset``/``vt_offset``.
 
 from __future__ import annotations
 
-from snapmla_cute.layouts.smem import CHUNK_BYTES, swizzle
+from snapmla_cute.layouts.smem import CHUNK_BYTES, content_offset, vt_offset
 
 
 def prmt(a: int, b: int, selector: int) -> int:
@@ -58,7 +58,7 @@ def ldsm_src(warp, lane, step: int):
     tok, _, _ = ldsm_lane(lane)
     tb = warp % 2
     db = (step * LDSM_WARPS + warp) // 2
-    return content_offset_int(tb * 32 + tok, db * 16)
+    return content_offset(tb * 32 + tok, db * 16)
 
 
 def stsm_dst(warp, lane, step: int):
@@ -66,20 +66,7 @@ def stsm_dst(warp, lane, step: int):
     _, dim, tok = ldsm_lane(lane)
     tb = warp % 2
     db = (step * LDSM_WARPS + warp) // 2
-    return vt_offset_int(db * 16 + dim, tb * 32 + tok)
-
-
-def content_offset_int(row, col_byte):
-    """``smem.content_offset`` written with operators only (traces on DSL ints)."""
-    chunk = col_byte // 128
-    off = (row % 8) * 128 + (row // 8) * 1024 + col_byte % 128
-    return chunk * CHUNK_BYTES + (off ^ (((off >> 7) & 7) << 4))
-
-
-def vt_offset_int(dim, token):
-    """``smem.vt_offset`` written with operators only (traces on DSL ints)."""
-    off = (dim % 8) * 64 + (dim // 8) * 512 + token
-    return off ^ (((off >> 7) & 3) << 4)
+    return vt_offset(db * 16 + dim, tb * 32 + tok)
 
 
 def _step_constants():
