@@ -51,27 +51,38 @@ SHAPES = {
 }
 
 
-def run_target(shape: Shape) -> None:
+def make_case(shape: Shape) -> dict:
+    """A decode step of ``shape`` on synthetic data (finite e4m3 codes, small bf16 RoPE,
+    shuffled pages): the quantized ``q``, ``cache``, ``block_table``, ``seqlens``,
+    ``metadata``, ``out``, ``lse`` and ``step`` (one ``mla_decode(check=False)`` call).
+    Shared by the profile target and the timing experiments in ``profiles/experiments``."""
     import torch
 
     from snapmla_cute import FP8KVCache, decode_metadata, mla_decode, quantize_q
 
     b, h, s_q, L, ps = shape.batch, shape.heads, shape.s_q, shape.seqlen, shape.page_size
     n = (L + ps - 1) // ps
-    cache = FP8KVCache.allocate(b * n, ps, device="cuda")
-    cache.kv.random_(0, 100)  # finite e4m3 codes and small finite bf16 RoPE
-    cache.kv_scale.fill_(1e-2)
-    block_table = torch.randperm(b * n, device="cuda", dtype=torch.int32).view(b, n)
-    seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
-    q = quantize_q(torch.randn(b, s_q, h, 576, device="cuda", dtype=torch.bfloat16))
-    md = decode_metadata(seqlens, s_q=s_q, heads=h)
-    out = torch.empty(b, s_q, h, 512, device="cuda", dtype=torch.bfloat16)
-    lse = torch.empty(b, h, s_q, device="cuda", dtype=torch.float32)
+    c = dict(cache=FP8KVCache.allocate(b * n, ps, device="cuda"))
+    c["cache"].kv.random_(0, 100)  # finite e4m3 codes and small finite bf16 RoPE
+    c["cache"].kv_scale.fill_(1e-2)
+    c["block_table"] = torch.randperm(b * n, device="cuda", dtype=torch.int32).view(b, n)
+    c["seqlens"] = torch.full((b,), L, dtype=torch.int32, device="cuda")
+    c["q"] = quantize_q(torch.randn(b, s_q, h, 576, device="cuda", dtype=torch.bfloat16))
+    c["metadata"] = decode_metadata(c["seqlens"], s_q=s_q, heads=h)
+    c["out"] = torch.empty(b, s_q, h, 512, device="cuda", dtype=torch.bfloat16)
+    c["lse"] = torch.empty(b, h, s_q, device="cuda", dtype=torch.float32)
+    c["step"] = lambda: mla_decode(
+        c["q"], c["cache"], c["block_table"], c["seqlens"], causal=shape.causal,
+        metadata=c["metadata"], out=c["out"], lse=c["lse"], check=False,
+    )
+    return c
 
-    def step():
-        mla_decode(q, cache, block_table, seqlens, causal=shape.causal, metadata=md, out=out, lse=lse, check=False)
 
-    step()
+def run_target(shape: Shape) -> None:
+    import torch
+
+    step = make_case(shape)["step"]
+    step()  # compile / load and run once outside the profiled range
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     step()

@@ -8,32 +8,19 @@ the same argument objects every time, and the bare call with freshly built views
     python3 profiles/experiments/host_overhead.py
 """
 
-import torch
-
 import snapmla_cute.ops as ops
-from snapmla_cute import FP8KVCache, decode_metadata, mla_decode, quantize_q
 from snapmla_cute.bench import host_us_per_call
+from snapmla_cute.profiling import Shape, make_case
 
 
 def main():
-    b, h, L, ps = 1, 128, 640, 64
-    cache = FP8KVCache.allocate(b * L // ps, ps, device="cuda")
-    cache.kv.random_(0, 100)
-    cache.kv_scale.fill_(1e-2)
-    bt = torch.arange(b * L // ps, device="cuda", dtype=torch.int32).view(b, -1)
-    lens = torch.full((b,), L, dtype=torch.int32, device="cuda")
-    qq = quantize_q(torch.randn(b, 1, h, 576, device="cuda", dtype=torch.bfloat16))
-    md = decode_metadata(lens, s_q=1, heads=h)
-    out = torch.empty(b, 1, h, 512, device="cuda", dtype=torch.bfloat16)
-    lse = torch.empty(b, h, 1, device="cuda")
-
-    def full():
-        mla_decode(qq, cache, bt, lens, metadata=md, out=out, lse=lse, check=False)
-
-    step, args = ops._step_call(*qq, cache, bt, lens, md, out, lse, None, False)
+    c = make_case(Shape("b1 h128 s_q1 s_k640", 1, 128, 1, 640, False))
+    full = c["step"]
+    fixed = (*c["q"], c["cache"], c["block_table"], c["seqlens"], c["metadata"], c["out"], c["lse"], None, False)
+    step, args = ops._step_call(*fixed)
 
     def fresh():
-        _, a = ops._step_call(*qq, cache, bt, lens, md, out, lse, None, False)
+        _, a = ops._step_call(*fixed)
         step(*a)
 
     rows = [("full mla_decode call", host_us_per_call(full)),

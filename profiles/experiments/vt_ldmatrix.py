@@ -41,47 +41,10 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32, Uint8, Float8E4M3FN, const_expr
-from cutlass.cutlass_dsl import T as _T, dsl_user_op
-from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-
-# ----------------------------------------------------------------------------------------------
-# thin PTX wrappers (explicit per-lane addresses; 32-bit shared-window addresses)
-# ----------------------------------------------------------------------------------------------
-@dsl_user_op
-def ldsm_x4_trans(smem_addr: Int32, *, loc=None, ip=None):
-    """ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 -> 4 x b32 registers."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([_T.i32(), _T.i32(), _T.i32(), _T.i32()]),
-        [Int32(smem_addr).ir_value(loc=loc, ip=ip)],
-        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-    return tuple(
-        Int32(llvm.extractvalue(_T.i32(), res, [k], loc=loc, ip=ip)) for k in range(4)
-    )
-
-
-@dsl_user_op
-def stsm_x4(smem_addr: Int32, r0: Int32, r1: Int32, r2: Int32, r3: Int32, *, loc=None, ip=None):
-    """stmatrix.sync.aligned.m8n8.x4.shared.b16 [addr], {r0..r3}."""
-    llvm.inline_asm(
-        None,
-        [Int32(x).ir_value(loc=loc, ip=ip) for x in (smem_addr, r0, r1, r2, r3)],
-        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};",
-        "r,r,r,r,r,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
+from snapmla_cute.kernels.ptx import ldsm_x4_trans, stsm_x4  # the kernel's own wrappers
 
 
 @dsl_user_op
