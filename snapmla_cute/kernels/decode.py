@@ -449,7 +449,34 @@ class DecodeKernel:
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
-    def transpose_v(self, kv_addr: Int32, stage, valid_tokens, wg, wg_tidx):
+    def keep_bytes(self, n):
+        """Mask of the low ``n`` bytes of a word (n clamped to 0..4): a word of 4 tokens
+        of which ``n`` are inside the sequence."""
+        keep = Uint32(0xFFFFFFFF)
+        if n < 4:
+            keep = Uint32(0)
+            if n > 0:
+                keep = (Uint32(1) << (8 * n)) - Uint32(1)
+        return keep
+
+    @staticmethod
+    def pair_barrier(ids, slot):
+        """The two consumer WGs' named barrier ``ids[slot]`` (roles.BARRIERS.state / pfree)."""
+        return pipeline.NamedBarrier(barrier_id=ids[0] + slot, num_threads=roles.PAIR_THREADS)
+
+    @cute.jit
+    def wait_state(self, s_state, c_s_mn, slot, row_max, sigma_p, row_sum, gamma_o):
+        """Waits for the other WG's block in ``slot`` and reads its softmax state."""
+        self.pair_barrier(roles.BARRIERS.state, slot).arrive_and_wait()
+        for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
+            lr = c_s_mn[i, 0][0]
+            row_max[i] = s_state[lr, 0, slot]
+            sigma_p[i] = s_state[lr, 1, slot]
+            row_sum[i] = s_state[lr, 2, slot]
+            gamma_o[i] = s_state[lr, 3, slot]
+
+    @cute.jit
+    def transpose_v(self, kv_addr: Int32, stage, valid_tokens, sync, wg_tidx):
         """Content tile → Vᵀ in place with ldmatrix.trans → prmt → stmatrix, zeroing tokens
         ≥ valid (``layouts.transpose``: the lane maps, their step constants and a byte-exact
         CPU replay of this program). One warpgroup barrier per 8 KiB chunk, between its
@@ -471,17 +498,8 @@ class DecodeKernel:
             sel0 = sel_odd
             sel1 = sel_even
         first = (warp % 2) * 32 + 4 * q
-        keep_lo = Uint32(0xFFFFFFFF)
-        keep_hi = Uint32(0xFFFFFFFF)
-        if valid_tokens - first < 4:
-            keep_lo = Uint32(0)
-            if valid_tokens - first > 0:
-                keep_lo = (Uint32(1) << (8 * (valid_tokens - first))) - Uint32(1)
-        if valid_tokens - first - 16 < 4:
-            keep_hi = Uint32(0)
-            if valid_tokens - first - 16 > 0:
-                keep_hi = (Uint32(1) << (8 * (valid_tokens - first - 16))) - Uint32(1)
-        sync = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.wg_sync[0] + wg, num_threads=roles.THREADS_PER_WG)
+        keep_lo = self.keep_bytes(valid_tokens - first)
+        keep_hi = self.keep_bytes(valid_tokens - first - 16)
         per_chunk = T.LDSM_STEPS // 4
         for c in cutlass.range_constexpr(4):
             regs = []
@@ -653,22 +671,16 @@ class DecodeKernel:
                 # ---- V transposition in place (tokens past the sequence zeroed), then the
                 # other WG's state of block j-1
                 if cutlass.const_expr("transpose" not in cfg.skip):
-                    self.transpose_v(kv_addr, stage, seqlen - blk * L.BLOCK_N, wg, wg_tidx)
+                    self.transpose_v(kv_addr, stage, seqlen - blk * L.BLOCK_N, wg_sync, wg_tidx)
                 if j >= 1:
-                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + 1 - slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
-                    for i in cutlass.range_constexpr(rows_per_thr):
-                        lr = c_s_mn[i, 0][0]
-                        row_max[i] = s_state[lr, 0, 1 - slot]
-                        sigma_p[i] = s_state[lr, 1, 1 - slot]
-                        row_sum[i] = s_state[lr, 2, 1 - slot]
-                        gamma_o[i] = s_state[lr, 3, 1 - slot]
+                    self.wait_state(s_state, c_s_mn, 1 - slot, row_max, sigma_p, row_sum, gamma_o)
                 # ---- softmax with V-scale fusion and block-wise P quantization
                 if cutlass.const_expr("softmax" not in cfg.skip):
                     self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, seqlen - blk * L.BLOCK_N, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2)
                 t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
                 # ---- publish P, state and Vᵀ to the other WG
                 if g >= 2:
-                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
+                    self.pair_barrier(roles.BARRIERS.pfree, slot).arrive_and_wait()
                 cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
                 if wg_tidx % 4 == 0:
                     for i in cutlass.range_constexpr(rows_per_thr):
@@ -679,7 +691,7 @@ class DecodeKernel:
                         s_state[lr, 3, slot] = gamma[i]
                 cute.arch.fence_proxy("async.shared", space="cta")
                 wg_sync.arrive_and_wait()
-                pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
+                self.pair_barrier(roles.BARRIERS.state, slot).arrive()
                 # ---- PV of block j-1 (P from the other WG), then of block j (own P)
                 if j >= 1:
                     if cutlass.const_expr("pv" not in cfg.skip):
@@ -687,7 +699,7 @@ class DecodeKernel:
                             pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
                             [((g - 1) % cfg.kv_stages, gamma_o, 1 - slot), (stage, gamma, slot)],
                         )
-                    pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + 1 - slot, num_threads=roles.PAIR_THREADS).arrive()
+                    self.pair_barrier(roles.BARRIERS.pfree, 1 - slot).arrive()
                     kv_pipe.consumer_release(self.kv_state(g - 1))
                 else:
                     if cutlass.const_expr("pv" not in cfg.skip):
@@ -705,15 +717,9 @@ class DecodeKernel:
             if n >= 1 and (k0 + n - 1) % 2 != wg:
                 g = k0 + n - 1
                 slot = g % 2
-                pipeline.NamedBarrier(barrier_id=roles.BARRIERS.state[0] + slot, num_threads=roles.PAIR_THREADS).arrive_and_wait()
-                for i in cutlass.range_constexpr(rows_per_thr):
-                    lr = c_s_mn[i, 0][0]
-                    row_max[i] = s_state[lr, 0, slot]
-                    sigma_p[i] = s_state[lr, 1, slot]
-                    row_sum[i] = s_state[lr, 2, slot]
-                    gamma_o[i] = s_state[lr, 3, slot]
+                self.wait_state(s_state, c_s_mn, slot, row_max, sigma_p, row_sum, gamma_o)
                 self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(g % cfg.kv_stages, gamma_o, slot)])
-                pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pfree[0] + slot, num_threads=roles.PAIR_THREADS).arrive()
+                self.pair_barrier(roles.BARRIERS.pfree, slot).arrive()
                 kv_pipe.consumer_release(self.kv_state(g))
             k_global = k0 + n
             hq.release()
