@@ -239,9 +239,10 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
         us = time_us(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         us_e2e = time_us(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         host = host_us_per_call(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
+        host_bf16 = host_us_per_call(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         from snapmla_cute.ops import _step_call
 
-        step, step_args = _step_call(*qq, cache, block_table, seqlens, md, out, lse, None, causal)
+        step, step_args = _step_call(qq, cache, block_table, seqlens, md, out, lse, None, causal)
         launch = host_us_per_call(lambda: step(*step_args))
         fm_us = _flash_mla_us(q, kv, lens, block_table, page_size, causal, s_q)
         tokens = sum(lens)
@@ -261,6 +262,8 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
                 speedup=round(base / us, 2) if base else None,
                 e2e_bf16_q_us=round(us_e2e, 1),
                 host_us=round(host, 1),
+                python_us=round(host - launch, 1),
+                host_bf16_q_us=round(host_bf16, 1),
                 launch_us=round(launch, 1),
                 flash_mla_here_us=round(fm_us, 1) if fm_us else None,
             )

@@ -44,7 +44,7 @@ def all_variants(full: bool = True) -> list[tuple[str, object]]:
     # what mla_decode launches: scheduler + decode + combine in one host function
     from snapmla_cute.kernels.decode_step import DecodeStepConfig
 
-    out += [("decode_step", DecodeStepConfig(c)) for c in decode_variants(False)[:1]]
+    out += [(n, DecodeStepConfig(c)) for c in decode_variants(False)[:1] for n in ("decode_step", "decode_step_q")]
     return out
 
 
@@ -99,7 +99,7 @@ def violations(rows) -> list[str]:
         where = f"{r['kernel']} [{r['variant']}]"
         if r["local_ld"] or r["local_st"] or r["frame_bytes"]:
             bad.append(f"{where}: local memory ({r['local_ld']} LDL, {r['local_st']} STL, {r['frame_bytes']} B frame)")
-        if r["kernel"] in ("decode", "decode_step") and (r["qgmma"] == 0 or r["hgmma"] == 0):
+        if r["kernel"] in ("decode", "decode_step", "decode_step_q") and (r["qgmma"] == 0 or r["hgmma"] == 0):
             bad.append(f"{where}: QGMMA {r['qgmma']}, HGMMA {r['hgmma']}")
     return bad
 

@@ -70,7 +70,7 @@ class CompiledKernel:
         return self.fn(*args)
 
 
-def _fake_args(name: str, config=None):
+def _fake_args(name: str, config=None, n=None):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -78,7 +78,8 @@ def _fake_args(name: str, config=None):
     from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM  # noqa: F401
 
     bf16, u8, f32, i64, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int64, cutlass.Int32
-    n, slots = cute.sym_int(), cute.sym_int()
+    n = cute.sym_int() if n is None else n
+    slots = cute.sym_int()
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
 
     def rows_in():  # bf16 [n, 576] split into its content and RoPE views
@@ -126,10 +127,33 @@ def _fake_args(name: str, config=None):
             stream,
         )
     if name == "decode_step":
-        dec = _fake_args("decode", config.decode)
-        comb = _fake_args("decode_combine", _combine_config(config.decode))
-        # shared tensors are passed once; the combine's split_offsets and lse are the decode's
-        return (*dec[:14], comb[0], comb[1], comb[3], dec[14], stream)
+        # natural (contiguous PyTorch) layouts; one symbolic batch size ties q, the table,
+        # the lengths and the outputs together, so TVM-FFI rejects a mismatch before launch
+        h, s_q, ps = config.decode.heads, config.decode.s_q, config.decode.page_size
+        R = h * s_q
+        fp8 = cutlass.Float8E4M3FN
+        pages, splits = cute.sym_int(), cute.sym_int()
+        return (
+            make_fake_tensor(fp8, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), assumed_align=16),
+            make_fake_tensor(bf16, (n, s_q, h, ROPE_DIM), (R * ROPE_DIM, h * ROPE_DIM, ROPE_DIM, 1), assumed_align=16),
+            make_fake_tensor(f32, (n, s_q, h), (R, h, 1), assumed_align=4),
+            make_fake_tensor(i32, (n, cute.sym_int()), (cute.sym_int(), 1), assumed_align=4),
+            make_fake_tensor(i32, (n,), (1,), assumed_align=4),
+            make_fake_tensor(bf16, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), assumed_align=16),
+            make_fake_tensor(f32, (n, h, s_q), (R, s_q, 1), assumed_align=4),
+            make_fake_tensor(u8, (pages, ps, KV_ROW_BYTES), (ps * KV_ROW_BYTES, KV_ROW_BYTES, 1), assumed_align=16),
+            make_fake_tensor(f32, (pages, ps), (ps, 1), assumed_align=16),
+            make_fake_tensor(i32, (cute.sym_int(), 8), (8, 1), assumed_align=16),
+            make_fake_tensor(i32, (n,), (1,), assumed_align=4),
+            make_fake_tensor(f32, (splits, R, CONTENT_DIM), (R * CONTENT_DIM, CONTENT_DIM, 1), assumed_align=16),
+            make_fake_tensor(f32, (splits, R), (R, 1), assumed_align=4),
+            cutlass.Float32(0.0),
+            stream,
+        )
+    if name == "decode_step_q":  # the same from a bf16 query, quantized into the q buffers
+        s_q, h = config.decode.s_q, config.decode.heads
+        q = make_fake_tensor(bf16, (n, s_q, h, HEAD_DIM), (s_q * h * HEAD_DIM, h * HEAD_DIM, HEAD_DIM, 1), assumed_align=16)
+        return (q, *_fake_args("decode_step", config, n))
     if name == "decode":
         h, s_q, ps = config.heads, config.s_q, config.page_size
         R = h * s_q
@@ -164,6 +188,7 @@ _KERNELS = {
     "decode_combine": ("decode_combine", "DecodeCombineKernel", None),
     "decode": ("decode", "DecodeKernel", None),
     "decode_step": ("decode_step", "DecodeStepKernel", None),
+    "decode_step_q": ("decode_step", "DecodeStepQuantKernel", None),
 }
 
 

@@ -54,6 +54,8 @@ class FP8KVCache:
             raise ValueError("FP8KVCache: kv must be 16-byte aligned")
         self.kv = kv
         self.kv_scale = kv_scale
+        self.page_size = kv.shape[1]  # a plain attribute: the decode hot path reads it per call
+        self.step_args = (kv, kv_scale)  # what the decode step takes, prebuilt for the hot path
 
     @classmethod
     def allocate(
@@ -87,10 +89,6 @@ class FP8KVCache:
         return self.kv.shape[0]
 
     @property
-    def page_size(self) -> int:
-        return self.kv.shape[1]
-
-    @property
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
@@ -117,20 +115,6 @@ class FP8KVCache:
             rows.view(torch.bfloat16)[:, CONTENT_DIM // 2 : CONTENT_DIM // 2 + ROPE_DIM],
             self.kv_scale.view(self.num_slots),
         )
-
-    def decode_views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decode kernel's views (content bytes ``(ps, 512, P)``, bf16 RoPE ``(ps, 64, P)``,
-        scales ``(ps, P)``), built once per cache object: a decode call does no view work."""
-        views = self.__dict__.get("_decode_views")
-        if views is None:
-            kv = self.kv
-            views = (
-                kv.permute(1, 2, 0)[:, :CONTENT_DIM, :],
-                kv.view(torch.bfloat16).permute(1, 2, 0)[:, CONTENT_DIM // 2 :, :],
-                self.kv_scale.t(),
-            )
-            self.__dict__["_decode_views"] = views
-        return views
 
     def __repr__(self) -> str:
         return (

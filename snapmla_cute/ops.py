@@ -202,6 +202,13 @@ class DecodeMetadata:
         self.q_nope = torch.empty(batch, s_q, heads, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=device)
         self.q_rope = torch.empty(batch, s_q, heads, ROPE_DIM, dtype=torch.bfloat16, device=device)
         self.q_scale = torch.empty(batch, s_q, heads, dtype=torch.float32, device=device)
+        self._set_step_args()
+
+    def _set_step_args(self):
+        # what the decode step takes, prebuilt; split_offsets goes as its first `batch`
+        # entries so TVM-FFI ties the plan to the call's batch size (the step reads all b + 1)
+        self.step_args = (self.sched, self.split_offsets[: self.batch], self.o_partial, self.lse_partial)
+        self.q_args = None if self.q_nope is None else (self.q_nope, self.q_rope, self.q_scale)
 
     @classmethod
     def from_buffers(cls, sched, split_offsets, o_partial, lse_partial, *, s_q: int, heads: int) -> "DecodeMetadata":
@@ -210,17 +217,11 @@ class DecodeMetadata:
         md.batch, md.s_q, md.heads, md.num_parts = split_offsets.shape[0] - 1, s_q, heads, sched.shape[0]
         md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
         md.q_nope = md.q_rope = md.q_scale = None
+        md._set_step_args()
         return md
 
     def update(self, cache_seqlens: torch.Tensor) -> None:
         _launcher("decode_scheduler")(cache_seqlens, self.sched, self.split_offsets)
-
-    def decode_views(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Partial buffers as the decode kernel indexes them, built once."""
-        views = self.__dict__.get("_decode_views")
-        if views is None:
-            views = self.__dict__["_decode_views"] = (self.o_partial.permute(1, 2, 0), self.lse_partial.t())
-        return views
 
 
 def _num_sms(device) -> int:
@@ -262,12 +263,44 @@ def decode_metadata(
     return md
 
 
-DECODE_TUNING: dict = {}  # DecodeConfig fields beyond the shape (tile/schedule choices)
+class _Tuning(dict):
+    """DecodeConfig fields beyond the shape (tile/schedule choices, profiling skips). Any
+    change drops the hot path's table of compiled steps, so the next call recompiles."""
+
+    def _changed(self):
+        _hot_steps.clear()
+
+    def __setitem__(self, k, v):
+        super().__setitem__(k, v)
+        self._changed()
+
+    def __delitem__(self, k):
+        super().__delitem__(k)
+        self._changed()
+
+    def update(self, *a, **kw):
+        super().update(*a, **kw)
+        self._changed()
+
+    def clear(self):
+        super().clear()
+        self._changed()
+
+    def pop(self, *a):
+        r = super().pop(*a)
+        self._changed()
+        return r
+
+
+_hot_steps: dict = {}  # (heads, s_q, page_size, causal, bf16 q) -> compiled decode step
+DECODE_TUNING = _Tuning()
 _LOG2E = 1.4426950408889634
 _DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
 
 
-def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool):
+def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False):
+    """The compiled step (``decode_step``, or ``decode_step_q`` which quantizes a bf16 query
+    first), registered for the hot path."""
     tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
 
     def make():
@@ -276,7 +309,10 @@ def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool):
 
         return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **DECODE_TUNING))
 
-    return _launcher("decode_step", (heads, s_q, page_size, causal, tuning), make)
+    name = "decode_step_q" if bf16_q else "decode_step"
+    fn = _launcher(name, (heads, s_q, page_size, causal, tuning), make)
+    _hot_steps[(heads, s_q, page_size, causal, bf16_q)] = fn
+    return fn
 
 
 def mla_decode(
@@ -300,54 +336,32 @@ def mla_decode(
     With ``causal``, query token ``i`` of ``s_q`` sees keys ``< L - s_q + i + 1``.
     ``softmax_scale`` defaults to 576^-0.5. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and
     ``lse`` fp32 ``[b, h, s_q]`` (natural log).
+
+    ``check`` reads ``cache_seqlens`` back to the host to check it against the block table
+    (a sync). With ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse``
+    given, a call is one TVM-FFI call and nothing else: the compiled step's argument decoder
+    checks every tensor's dtype, shape, strides, alignment and device (batch sizes tied across
+    arguments) before anything launches, and a rejected call is explained by the same
+    Python checks as the other paths (same errors, nothing written).
     """
-    if isinstance(q, (tuple, list)):
-        if len(q) != 3:
-            raise ValueError(f"q: expected (q_nope, q_rope, q_scale), got {len(q)} tensors")
-        q_nope, q_rope, q_scale = q
-        _check_tensor("q_nope", q_nope, torch.float8_e4m3fn, dim=4, last=CONTENT_DIM)
-        b, s_q, h, _ = q_nope.shape
-        _check_tensor("q_rope", q_rope, torch.bfloat16, dim=4, last=ROPE_DIM)
-        _check_tensor("q_scale", q_scale, torch.float32, dim=3)
-        if q_rope.shape[:3] != q_nope.shape[:3] or q_scale.shape != q_nope.shape[:3]:
-            raise ValueError(
-                f"q: shapes disagree: q_nope {tuple(q_nope.shape)}, q_rope {tuple(q_rope.shape)}, q_scale {tuple(q_scale.shape)}"
-            )
-        _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
-        q_dev = q_nope.device
-    else:
-        _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
-        _check_cuda(q=q)
-        b, s_q, h, _ = q.shape
-        q_dev = q.device
-    if not isinstance(cache, FP8KVCache):
-        raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
-    if h not in HEADS:
-        raise ValueError(f"q: expected heads in {HEADS}, got {h}")
-    if not 1 <= s_q <= MAX_S_Q:
-        raise ValueError(f"q: expected s_q in [1, {MAX_S_Q}], got {s_q}")
-    _check_tensor("block_table", block_table, torch.int32, dim=2, rows_strided=True)
-    _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
-    if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
-        raise ValueError(
-            f"block_table/cache_seqlens: expected batch {b}, got {block_table.shape[0]} and {cache_seqlens.shape[0]}"
-        )
-    _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
-    _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
-    if out is not None:
-        _check_tensor("out", out, torch.bfloat16, dim=4)
-        if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
-            raise ValueError(f"out: expected shape {(b, s_q, h, CONTENT_DIM)}, got {tuple(out.shape)}")
-        _check_cuda(out=out)
-    if lse is not None:
-        _check_tensor("lse", lse, torch.float32, dim=3)
-        if tuple(lse.shape) != (b, h, s_q):
-            raise ValueError(f"lse: expected shape {(b, h, s_q)}, got {tuple(lse.shape)}")
-        _check_cuda(lse=lse)
-    if metadata is not None and (metadata.batch, metadata.s_q, metadata.heads) != (b, s_q, h):
-        raise ValueError(
-            f"metadata: made for (batch, s_q, heads) = {(metadata.batch, metadata.s_q, metadata.heads)}, got {(b, s_q, h)}"
-        )
+    if not check and metadata is not None and out is not None and lse is not None:
+        try:
+            bf16_q = type(q) is not tuple
+            fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q)]
+            head = (q, *metadata.q_args) if bf16_q else q
+        except (KeyError, AttributeError, TypeError):
+            fn = None  # first call of this shape, or bad arguments: the full path below
+        if fn is not None:
+            try:
+                fn(
+                    *head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args,
+                    _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E,
+                )
+            except Exception:
+                _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse)
+                raise  # the Python checks found nothing: the compiled call's own error stands
+            return out, lse
+    b, s_q, h, q_dev = _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse)
     if check and not _capturing() and b:
         lens = cache_seqlens.cpu()
         if int(lens.min()) < 0:
@@ -364,52 +378,95 @@ def mla_decode(
         )
     if metadata is None:
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h)
-    if not isinstance(q, (tuple, list)):
-        q_nope, q_rope, q_scale = quantize_q(
-            q, check=check, out=(metadata.q_nope, metadata.q_rope, metadata.q_scale)
-        )
+    bf16_q = not isinstance(q, (tuple, list))
+    if bf16_q:
+        _check_finite("q", q, check)
+        if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
+            q, bf16_q = quantize_q(q, check=False), False
     if out is None:
         out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=q_dev)
     if lse is None:
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     if b == 0:
         return out, lse
-    fn, args = _step_call(q_nope, q_rope, q_scale, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal)
+    fn, args = _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal)
     fn(*args)
     return out, lse
 
 
-def _step_call(q_nope, q_rope, q_scale, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal):
-    """The compiled decode step and its argument tuple (no checks; the bench times the
-    bare call with it)."""
-    b, s_q, h, _ = q_nope.shape
+def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse):
+    """Every structural check of a decode call (no host sync); raises with what was expected
+    and what came. Returns ``(b, s_q, h, device)``."""
+    if isinstance(q, (tuple, list)):
+        if len(q) != 3:
+            raise ValueError(f"q: expected (q_nope, q_rope, q_scale), got {len(q)} tensors")
+        q_nope, q_rope, q_scale = q
+        _check_tensor("q_nope", q_nope, torch.float8_e4m3fn, dim=4, last=CONTENT_DIM)
+        b, s_q, h, _ = q_nope.shape
+        _check_tensor("q_rope", q_rope, torch.bfloat16, dim=4, last=ROPE_DIM)
+        _check_tensor("q_scale", q_scale, torch.float32, dim=3)
+        if q_rope.shape[:3] != q_nope.shape[:3] or q_scale.shape != q_nope.shape[:3]:
+            raise ValueError(
+                f"q: shapes disagree: q_nope {tuple(q_nope.shape)}, q_rope {tuple(q_rope.shape)}, q_scale {tuple(q_scale.shape)}"
+            )
+        _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
+        _check_same_device(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
+        q_dev = q_nope.device
+    else:
+        _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
+        _check_cuda(q=q)
+        b, s_q, h, _ = q.shape
+        q_dev = q.device
+    if not isinstance(cache, FP8KVCache):
+        raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
+    if h not in HEADS:
+        raise ValueError(f"q: expected heads in {HEADS}, got {h}")
+    if not 1 <= s_q <= MAX_S_Q:
+        raise ValueError(f"q: expected s_q in [1, {MAX_S_Q}], got {s_q}")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    _check_tensor("block_table", block_table, torch.int32, dim=2, rows_strided=True)
+    _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
+    if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
+        raise ValueError(
+            f"block_table/cache_seqlens: expected batch {b}, got {block_table.shape[0]} and {cache_seqlens.shape[0]}"
+        )
+    _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
+    _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
+    if out is not None:
+        _check_tensor("out", out, torch.bfloat16, dim=4)
+        if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
+            raise ValueError(f"out: expected shape {(b, s_q, h, CONTENT_DIM)}, got {tuple(out.shape)}")
+        _check_cuda(out=out)
+        _check_same_device(q=q_dev, out=out)
+    if lse is not None:
+        _check_tensor("lse", lse, torch.float32, dim=3)
+        if tuple(lse.shape) != (b, h, s_q):
+            raise ValueError(f"lse: expected shape {(b, h, s_q)}, got {tuple(lse.shape)}")
+        _check_cuda(lse=lse)
+        _check_same_device(q=q_dev, lse=lse)
+    if metadata is not None:
+        if not isinstance(metadata, DecodeMetadata):
+            raise TypeError(f"metadata: expected DecodeMetadata (from decode_metadata), got {type(metadata).__name__}")
+        if (metadata.batch, metadata.s_q, metadata.heads) != (b, s_q, h):
+            raise ValueError(
+                f"metadata: made for (batch, s_q, heads) = {(metadata.batch, metadata.s_q, metadata.heads)}, got {(b, s_q, h)}"
+            )
+        _check_same_device(q=q_dev, metadata=metadata.sched)
+    return b, s_q, h, q_dev
+
+
+def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal):
+    """The compiled decode step and its argument tuple (no checks; the bench times the bare
+    call with it). ``q`` is the quantized tuple, or a bf16 tensor quantized by the step into
+    the metadata's query buffers. Every tensor goes in its own layout: the step builds its
+    views."""
+    bf16_q = not isinstance(q, (tuple, list))
+    head = (q, *metadata.q_args) if bf16_q else tuple(q)
+    b, s_q, h, _ = (q if bf16_q else q[0]).shape
     scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else float(softmax_scale) * _LOG2E
-    rows = s_q * h
-    kv_content, kv_rope, kv_scale = cache.decode_views()
-    o_partial_t, lse_partial_t = metadata.decode_views()
-    out_rows = out.view(b, rows, CONTENT_DIM)
-    # one call: the scheduler re-plans from the current lengths, then decode and combine
-    args = (
-        q_nope.view(torch.uint8).view(b, rows, CONTENT_DIM).permute(1, 2, 0),
-        q_rope.view(b, rows, ROPE_DIM).permute(1, 2, 0),
-        q_scale.view(b, rows).t(),
-        kv_content,
-        kv_rope,
-        kv_scale,
-        block_table,
-        cache_seqlens,
-        metadata.sched,
-        metadata.split_offsets,
-        out_rows.permute(1, 2, 0),
-        lse,
-        o_partial_t,
-        lse_partial_t,
-        metadata.o_partial,
-        metadata.lse_partial,
-        out_rows,
-        scale,
-    )
-    return _step_launcher(h, s_q, cache.page_size, bool(causal)), args
+    args = (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale)
+    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q), args
 
 
 def warmup(
@@ -424,9 +481,8 @@ def warmup(
 
     work = [(n, None) for n in (*jit_cache.KERNEL_NAMES, "decode_scheduler")]
     for h, s, p, c in itertools.product(heads, s_q, page_sizes, causal):
-        work.append(
-            ("decode_step", DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **DECODE_TUNING)))
-        )
+        cfg = DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **DECODE_TUNING))
+        work += [("decode_step", cfg), ("decode_step_q", cfg)]  # quantized / bf16 query
     bar = None
     if progress:
         try:

@@ -53,7 +53,7 @@ SHAPES = {
 
 def make_case(shape: Shape) -> dict:
     """A decode step of ``shape`` on synthetic data (finite e4m3 codes, small bf16 RoPE,
-    shuffled pages): the quantized ``q``, ``cache``, ``block_table``, ``seqlens``,
+    shuffled pages): ``q_bf16``, the quantized ``q``, ``cache``, ``block_table``, ``seqlens``,
     ``metadata``, ``out``, ``lse`` and ``step`` (one ``mla_decode(check=False)`` call).
     Shared by the profile target and the timing experiments in ``profiles/experiments``."""
     import torch
@@ -67,7 +67,8 @@ def make_case(shape: Shape) -> dict:
     c["cache"].kv_scale.fill_(1e-2)
     c["block_table"] = torch.randperm(b * n, device="cuda", dtype=torch.int32).view(b, n)
     c["seqlens"] = torch.full((b,), L, dtype=torch.int32, device="cuda")
-    c["q"] = quantize_q(torch.randn(b, s_q, h, 576, device="cuda", dtype=torch.bfloat16))
+    c["q_bf16"] = torch.randn(b, s_q, h, 576, device="cuda", dtype=torch.bfloat16)
+    c["q"] = quantize_q(c["q_bf16"])
     c["metadata"] = decode_metadata(c["seqlens"], s_q=s_q, heads=h)
     c["out"] = torch.empty(b, s_q, h, 512, device="cuda", dtype=torch.bfloat16)
     c["lse"] = torch.empty(b, h, s_q, device="cuda", dtype=torch.float32)

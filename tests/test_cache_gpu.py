@@ -36,6 +36,6 @@ def test_second_process_loads_from_disk_and_matches(tmp_path):
             [sys.executable, "-c", CODE, str(tmp_path / f"{run}.pt"), run], capture_output=True, text=True, env=env
         )
         assert r.returncode == 0, r.stderr[-3000:]
-    assert list((tmp_path / "cache").glob("decode_step-*.o"))
+    assert list((tmp_path / "cache").glob("decode_step_q-*.o"))  # the bf16-query step
     a, b = torch.load(tmp_path / "compile.pt"), torch.load(tmp_path / "load.pt")
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

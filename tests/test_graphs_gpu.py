@@ -11,7 +11,8 @@ from snapmla_cute import reference as ref
 pytestmark = pytest.mark.gpu
 
 
-def test_graph_replays_with_changing_lengths_match_eager(seed):
+@pytest.mark.parametrize("check", [True, False])  # False: the one-FFI-call hot path is captured
+def test_graph_replays_with_changing_lengths_match_eager(seed, check):
     rng = random.Random(seed)
     b, h, s_q, ps, pages_per = 4, 64, 1, 64, 8
     pool = b * pages_per
@@ -38,7 +39,7 @@ def test_graph_replays_with_changing_lengths_match_eager(seed):
 
     def step():
         append_kv(cache, new_kv, slots)
-        mla_decode(q, cache, block_table, seqlens, metadata=md, out=out, lse=lse)
+        mla_decode(q, cache, block_table, seqlens, metadata=md, out=out, lse=lse, check=check)
 
     fill([ps * pages_per] * b)
     side = torch.cuda.Stream()

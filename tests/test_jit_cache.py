@@ -82,5 +82,8 @@ def test_warmup_compiles_a_serving_set_without_gpu(fresh):
     from snapmla_cute import warmup
 
     n = warmup(heads=(64,), s_q=(1,), page_sizes=(64,), causal=(False,), arch="sm_90a", progress=False)
-    assert n == 5  # 3 fused kernels, scheduler (metadata), decode step (scheduler + decode + combine)
-    assert len(list(fresh.glob("*.o"))) == 5
+    # 3 fused kernels, scheduler (metadata), decode step (scheduler + decode + combine) for a
+    # quantized and for a bf16 query
+    assert n == 6
+    assert len(list(fresh.glob("*.o"))) == 6
+    assert len(list(fresh.glob("decode_step_q-*.o"))) == 1

@@ -1,9 +1,9 @@
-"""GPU: where the host time of one ``mla_decode`` call goes (not yet run; for issue 5).
+"""GPU: where the host time of one ``mla_decode`` call goes (issue 5).
 
-Splits one ``mla_decode(check=False)`` call with metadata/out/lse given into: the Python
-checks and view building (launcher replaced by a no-op), the bare compiled step call with
-the same argument objects every time, and the bare call with freshly built views each time
-(to test whether TVM-FFI's per-object tensor conversion is what costs).
+Splits one ``mla_decode(check=False)`` call with metadata/out/lse given into the bare
+compiled step call (one TVM-FFI call: argument decoding and three or four launches) and
+the Python around it (the compiled step swapped for a no-op), for a quantized and a bf16
+query. ``ffi_cost.py`` splits the bare call further (per tensor argument, per launch).
 
     python3 profiles/experiments/host_overhead.py
 """
@@ -15,23 +15,22 @@ from snapmla_cute.profiling import Shape, make_case
 
 def main():
     c = make_case(Shape("b1 h128 s_q1 s_k640", 1, 128, 1, 640, False))
-    full = c["step"]
-    fixed = (*c["q"], c["cache"], c["block_table"], c["seqlens"], c["metadata"], c["out"], c["lse"], None, False)
-    step, args = ops._step_call(*fixed)
+    q, cache, bt, lens, md, out, lse = (c[k] for k in ("q", "cache", "block_table", "seqlens", "metadata", "out", "lse"))
+    q16 = c["q_bf16"]
+    rows = []
+    for name, qq in (("quantized q", q), ("bf16 q", q16)):
+        def call():
+            ops.mla_decode(qq, cache, bt, lens, metadata=md, out=out, lse=lse, check=False)
 
-    def fresh():
-        _, a = ops._step_call(*fixed)
-        step(*a)
-
-    rows = [("full mla_decode call", host_us_per_call(full)),
-            ("bare step call, same argument objects", host_us_per_call(lambda: step(*args))),
-            ("bare step call, views rebuilt each call", host_us_per_call(fresh))]
-    real = ops._step_launcher
-    ops._step_launcher = lambda *a: (lambda *x: None)
-    rows.append(("Python only (launch replaced by a no-op)", host_us_per_call(full)))
-    ops._step_launcher = real
+        step, args = ops._step_call(qq, cache, bt, lens, md, out, lse, None, False)
+        rows.append((f"mla_decode, {name}", host_us_per_call(call, 2000)))
+        rows.append((f"bare step call, {name}", host_us_per_call(lambda: step(*args), 2000)))
+        key = next(k for k, v in ops._hot_steps.items() if v is step)
+        ops._hot_steps[key] = lambda *a: None
+        rows.append((f"Python only (step swapped for a no-op), {name}", host_us_per_call(call, 2000)))
+        ops._hot_steps[key] = step
     for name, us in rows:
-        print(f"{name:45s} {us:7.1f} us")
+        print(f"{name:55s} {us:7.2f} us")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
 """One decode step as one host function: split-KV scheduler, decode, combine.
 
 The three kernels are launched back to back on the caller's stream from a single compiled
-host function, so a decode step costs one TVM-FFI call instead of three. The arguments are
-the three kernels' arguments, shared tensors passed once (``cache_seqlens``, the plan,
-``split_offsets``, ``lse``).
+host function, so a decode step costs one TVM-FFI call instead of three. It takes every
+tensor in its natural (contiguous, PyTorch) layout and builds the kernels' views here, at
+trace time: a call from Python makes no view objects, and TVM-FFI's argument decoding (in
+C) checks every tensor's dtype, shape, strides, alignment and device, batch sizes tied
+across arguments through one symbolic size.
+
+Argument order groups what changes per call (queries, tables, outputs), then the cache,
+then the metadata buffers, so the Python side can pass the last two as prebuilt tuples.
 """
 
 from __future__ import annotations
@@ -12,15 +17,27 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
+from cutlass import BFloat16
 
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels.decode import DecodeConfig, DecodeKernel
 from snapmla_cute.kernels.decode_combine import CombineConfig, DecodeCombineKernel
 from snapmla_cute.kernels.decode_scheduler import DecodeSchedulerKernel
+from snapmla_cute.kernels.quant_q import QuantizeQKernel
 
 
 @dataclass(frozen=True)
 class DecodeStepConfig:
     decode: DecodeConfig
+
+
+def _view(t: cute.Tensor, shape, stride, dtype=None, byte_offset: int = 0):
+    it = t.iterator
+    if byte_offset:
+        it = cute.recast_ptr(it, dtype=cutlass.Uint8) + byte_offset
+    if dtype is not None:
+        it = cute.recast_ptr(it, dtype=dtype)
+    return cute.make_tensor(it, cute.make_layout(shape, stride=stride))
 
 
 class DecodeStepKernel:
@@ -36,26 +53,110 @@ class DecodeStepKernel:
         m_q_nope: cute.Tensor,
         m_q_rope: cute.Tensor,
         m_q_scale: cute.Tensor,
-        m_kv_content: cute.Tensor,
-        m_kv_rope: cute.Tensor,
-        m_kv_scale: cute.Tensor,
         m_block_table: cute.Tensor,
         m_seqlens: cute.Tensor,
-        m_sched: cute.Tensor,
-        m_split_offsets: cute.Tensor,
-        m_out: cute.Tensor,  # (R, 512, b) view for the decode
+        m_out: cute.Tensor,
         m_lse: cute.Tensor,
-        m_o_partial: cute.Tensor,  # (R, 512, splits) view for the decode
-        m_lse_partial: cute.Tensor,  # (R, splits) view for the decode
-        c_o_partial: cute.Tensor,  # (splits, R, 512) for the combine
-        c_lse_partial: cute.Tensor,  # (splits, R)
-        c_out: cute.Tensor,  # (b, R, 512)
+        m_kv: cute.Tensor,
+        m_kv_scale: cute.Tensor,
+        m_sched: cute.Tensor,
+        m_split_heads: cute.Tensor,
+        m_o_partial: cute.Tensor,
+        m_lse_partial: cute.Tensor,
         scale_log2: cutlass.Float32,
         stream,
     ):
+        self.step(
+            m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
+            m_sched, m_split_heads, m_o_partial, m_lse_partial, scale_log2, stream,
+        )
+
+    @cute.jit
+    def step(
+        self,
+        m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512]
+        m_q_rope: cute.Tensor,  # bf16 [b, s_q, h, 64]
+        m_q_scale: cute.Tensor,  # fp32 [b, s_q, h]
+        m_block_table: cute.Tensor,  # int32 [b, max_pages] (any row stride)
+        m_seqlens: cute.Tensor,  # int32 [b]
+        m_out: cute.Tensor,  # bf16 [b, s_q, h, 512]
+        m_lse: cute.Tensor,  # fp32 [b, h, s_q]
+        m_kv: cute.Tensor,  # uint8 [pages, page_size, 640]
+        m_kv_scale: cute.Tensor,  # fp32 [pages, page_size]
+        m_sched: cute.Tensor,  # int32 [parts, 8]
+        m_split_heads: cute.Tensor,  # int32 [b]: the first b of split_offsets' b + 1 entries
+        m_o_partial: cute.Tensor,  # fp32 [splits, R, 512]
+        m_lse_partial: cute.Tensor,  # fp32 [splits, R]
+        scale_log2: cutlass.Float32,
+        stream,
+    ):
+        R = self.cfg.decode.rows
+        ps = self.cfg.decode.page_size
+        b = m_q_nope.shape[0]
+        pages = m_kv.shape[0]
+        splits = m_o_partial.shape[0]
+        row = KV_ROW_BYTES
+        # the decode kernel's views: rows (R = s_q·h) first, the batch / page / split index last
+        q_nope = _view(m_q_nope, (R, CONTENT_DIM, b), (CONTENT_DIM, 1, R * CONTENT_DIM))
+        q_rope = _view(m_q_rope, (R, ROPE_DIM, b), (ROPE_DIM, 1, R * ROPE_DIM))
+        q_scale = _view(m_q_scale, (R, b), (1, R))
+        kv_content = _view(m_kv, (ps, CONTENT_DIM, pages), (row, 1, ps * row))
+        kv_rope = _view(m_kv, (ps, ROPE_DIM, pages), (row // 2, 1, ps * row // 2), BFloat16, CONTENT_DIM)
+        kv_scale = _view(m_kv_scale, (ps, pages), (1, ps))
+        out_d = _view(m_out, (R, CONTENT_DIM, b), (CONTENT_DIM, 1, R * CONTENT_DIM))
+        o_part_d = _view(m_o_partial, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM))
+        lse_part_d = _view(m_lse_partial, (R, splits), (1, R))
+        out_c = _view(m_out, (b, R, CONTENT_DIM), (R * CONTENT_DIM, CONTENT_DIM, 1))
+        # passed as b entries so TVM-FFI ties the plan to the batch (a plan made for a smaller
+        # batch would be overrun); the buffer behind it holds b + 1
+        m_split_offsets = _view(m_split_heads, (b + 1,), (1,))
+
         self.scheduler(m_seqlens, m_sched, m_split_offsets, stream)
         self.decode(
-            m_q_nope, m_q_rope, m_q_scale, m_kv_content, m_kv_rope, m_kv_scale, m_block_table, m_seqlens,
-            m_sched, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial, scale_log2, stream,
+            q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, m_block_table, m_seqlens,
+            m_sched, m_split_offsets, out_d, m_lse, o_part_d, lse_part_d, scale_log2, stream,
         )
-        self.combine(c_o_partial, c_lse_partial, m_split_offsets, c_out, m_lse, stream)
+        self.combine(m_o_partial, m_lse_partial, m_split_offsets, out_c, m_lse, stream)
+
+
+class DecodeStepQuantKernel(DecodeStepKernel):
+    """The step from a bf16 query: Fused-Q-Quant into the metadata's query buffers first
+    (a fourth launch in the same host function), then the step."""
+
+    def __init__(self, cfg: DecodeStepConfig):
+        super().__init__(cfg)
+        self.quant = QuantizeQKernel()
+
+    @cute.jit
+    def __call__(
+        self,
+        m_q: cute.Tensor,  # bf16 [b, s_q, h, 576]
+        m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512], written here
+        m_q_rope: cute.Tensor,
+        m_q_scale: cute.Tensor,
+        m_block_table: cute.Tensor,
+        m_seqlens: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_kv: cute.Tensor,
+        m_kv_scale: cute.Tensor,
+        m_sched: cute.Tensor,
+        m_split_heads: cute.Tensor,
+        m_o_partial: cute.Tensor,
+        m_lse_partial: cute.Tensor,
+        scale_log2: cutlass.Float32,
+        stream,
+    ):
+        n = m_q.shape[0] * self.cfg.decode.rows  # (token, head) rows
+        self.quant(
+            _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
+            _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
+            _view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
+            _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
+            _view(m_q_scale, (n,), (1,)),
+            stream,
+        )
+        self.step(
+            m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
+            m_sched, m_split_heads, m_o_partial, m_lse_partial, scale_log2, stream,
+        )
