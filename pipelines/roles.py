@@ -22,6 +22,8 @@ ahead — the reverse barrier bounds it):
   ``k + 2`` waits before overwriting it.
 * ``WG_SYNC[w]`` — consumer ``w``'s own 128 threads (in-place transpose phases, making its
   shared-memory writes visible to its WGMMAs).
+* ``PAIR_SYNC`` — both consumer WGs (256 threads) after a split request's epilogue: the
+  CTA counts its split once, and the splits that merge use the KV stages as scratch.
 """
 
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ class BarrierIds:
     wg_sync: tuple = (1, 2)
     state: tuple = (3, 4)
     pfree: tuple = (5, 6)
+    pair_sync: int = 7
 
 
 BARRIERS = BarrierIds()

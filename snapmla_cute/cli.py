@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile every kernel variant (no GPU needed) and report SASS facts")
     c.add_argument("--arch", default="sm_90a")
     c.add_argument("--quick", action="store_true", help="main decode/combine variants only")
-    c.add_argument("--kernels", nargs="+", help="only these kernels (e.g. decode decode_combine)")
+    c.add_argument("--kernels", nargs="+", help="only these kernels (e.g. decode decode_step)")
     c.add_argument("--jobs", type=int, default=2, help="parallel compile processes")
     c.set_defaults(func=_compile)
 

@@ -28,20 +28,12 @@ def decode_variants(full: bool = True) -> list:
     return [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
 
 
-def combine_variants(full: bool = True) -> list:
-    from snapmla_cute.kernels.decode_combine import CombineConfig
-    from snapmla_cute.ops import HEADS, MAX_S_Q
-
-    shapes = itertools.product(HEADS, range(1, MAX_S_Q + 1)) if full else [(128, 1), (16, 4)]
-    return [CombineConfig(heads=h, s_q=s) for h, s in shapes]
-
-
 def all_variants(full: bool = True) -> list[tuple[str, object]]:
     out = [(name, None) for name in jit_cache.KERNEL_NAMES]
     out.append(("decode_scheduler", None))
-    out += [("decode_combine", c) for c in combine_variants(full)]
     out += [("decode", c) for c in decode_variants(full)]
-    # what mla_decode launches: scheduler + decode + combine in one host function
+    # what mla_decode launches: the decode kernel (planning and merging itself), from a
+    # quantized or a bf16 query
     from snapmla_cute.kernels.decode_step import DecodeStepConfig
 
     out += [(n, DecodeStepConfig(c)) for c in decode_variants(False)[:1] for n in ("decode_step", "decode_step_q")]

@@ -115,17 +115,6 @@ def _fake_args(name: str, config=None, n=None):
             make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4),
             stream,
         )
-    if name == "decode_combine":
-        h, R = config.heads, config.heads * config.s_q
-        splits = cute.sym_int()
-        return (
-            make_fake_tensor(f32, (splits, R, 512), (R * 512, 512, 1), assumed_align=16),
-            make_fake_tensor(f32, (splits, R), (R, 1), assumed_align=4),
-            make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4),
-            make_fake_tensor(bf16, (n, R, 512), (R * 512, 512, 1), assumed_align=16),
-            make_fake_tensor(f32, (n, h, config.s_q), (h * config.s_q, config.s_q, 1), assumed_align=4),
-            stream,
-        )
     if name == "decode_step":
         # natural (contiguous PyTorch) layouts; one symbolic batch size ties q, the table,
         # the lengths and the outputs together, so TVM-FFI rejects a mismatch before launch
@@ -147,6 +136,7 @@ def _fake_args(name: str, config=None, n=None):
             make_fake_tensor(i32, (n,), (1,), assumed_align=4),
             make_fake_tensor(f32, (splits, R, CONTENT_DIM), (R * CONTENT_DIM, CONTENT_DIM, 1), assumed_align=16),
             make_fake_tensor(f32, (splits, R), (R, 1), assumed_align=4),
+            make_fake_tensor(i32, (n, 2 * config.decode.m_tiles), (2 * config.decode.m_tiles, 1), assumed_align=4),
             cutlass.Float32(0.0),
             stream,
         )
@@ -173,6 +163,7 @@ def _fake_args(name: str, config=None, n=None):
             make_fake_tensor(f32, (n, h, s_q), (h * s_q, s_q, 1), assumed_align=4),
             make_fake_tensor(f32, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM), assumed_align=16),
             make_fake_tensor(f32, (R, splits), (1, R), assumed_align=4),
+            make_fake_tensor(i32, (n, 2 * config.m_tiles), (2 * config.m_tiles, 1), assumed_align=4),
             cutlass.Float32(0.0),
             stream,
         )
@@ -185,17 +176,10 @@ _KERNELS = {
     "append_kv": ("append_kv", "AppendKVKernel", "AppendKVConfig"),
     "dequant_kv": ("dequant_kv", "DequantizeKVKernel", "DequantKVConfig"),
     "decode_scheduler": ("decode_scheduler", "DecodeSchedulerKernel", "SchedulerConfig"),
-    "decode_combine": ("decode_combine", "DecodeCombineKernel", None),
     "decode": ("decode", "DecodeKernel", None),
     "decode_step": ("decode_step", "DecodeStepKernel", None),
     "decode_step_q": ("decode_step", "DecodeStepQuantKernel", None),
 }
-
-
-def _combine_config(decode_config):
-    from snapmla_cute.kernels.decode_combine import CombineConfig
-
-    return CombineConfig(heads=decode_config.heads, s_q=decode_config.s_q)
 
 
 def _kernel_module(name: str):

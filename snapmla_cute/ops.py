@@ -198,6 +198,8 @@ class DecodeMetadata:
         max_splits = batch + num_parts  # each part boundary adds at most one split
         self.o_partial = torch.empty(max_splits, rows, CONTENT_DIM, dtype=torch.float32, device=device)
         self.lse_partial = torch.empty(max_splits, rows, dtype=torch.float32, device=device)
+        # per (request, m-tile, consumer WG): splits finished; the last one merges and resets it
+        self.counters = torch.zeros(batch, 2 * ((rows + 63) // 64), dtype=torch.int32, device=device)
         # the quantized query of a bf16 q, so a captured decode allocates nothing
         self.q_nope = torch.empty(batch, s_q, heads, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=device)
         self.q_rope = torch.empty(batch, s_q, heads, ROPE_DIM, dtype=torch.bfloat16, device=device)
@@ -207,15 +209,16 @@ class DecodeMetadata:
     def _set_step_args(self):
         # what the decode step takes, prebuilt; split_offsets goes as its first `batch`
         # entries so TVM-FFI ties the plan to the call's batch size (the step reads all b + 1)
-        self.step_args = (self.sched, self.split_offsets[: self.batch], self.o_partial, self.lse_partial)
+        self.step_args = (self.sched, self.split_offsets[: self.batch], self.o_partial, self.lse_partial, self.counters)
         self.q_args = None if self.q_nope is None else (self.q_nope, self.q_rope, self.q_scale)
 
     @classmethod
-    def from_buffers(cls, sched, split_offsets, o_partial, lse_partial, *, s_q: int, heads: int) -> "DecodeMetadata":
+    def from_buffers(cls, sched, split_offsets, o_partial, lse_partial, counters, *, s_q: int, heads: int) -> "DecodeMetadata":
         """Wraps buffers made by an earlier ``decode_metadata`` (the custom-op path)."""
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.num_parts = split_offsets.shape[0] - 1, s_q, heads, sched.shape[0]
         md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
+        md.counters = counters
         md.q_nope = md.q_rope = md.q_scale = None
         md._set_step_args()
         return md
@@ -246,8 +249,9 @@ def decode_metadata(
 ) -> DecodeMetadata:
     """Allocates the split-KV plan for a decode shape and fills it from ``cache_seqlens``.
 
-    ``num_parts`` (default: SMs / query tiles) is how many CTAs share the KV work of one
-    query tile; requests cut by a part boundary are split and merged by the combine kernel.
+    ``num_parts`` (default: :func:`default_num_parts`, at most SMs / query tiles: the decode
+    launch is cooperative) is how many CTAs share the KV work of one query tile; requests
+    cut by a part boundary are split, and their splits merged inside the decode kernel.
     """
     from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
 
@@ -256,8 +260,12 @@ def decode_metadata(
         raise ValueError(f"cache_seqlens: expected a batch of 1..{MAX_BATCH} requests, got {cache_seqlens.shape[0]}")
     _check_cuda(cache_seqlens=cache_seqlens)
     m_tiles = (s_q * heads + 63) // 64
+    slots = max(1, _num_sms(cache_seqlens.device) // m_tiles)
     if num_parts is None:
-        num_parts = default_num_parts(cache_seqlens.shape[0], m_tiles, _num_sms(cache_seqlens.device))
+        num_parts = default_num_parts(cache_seqlens.shape[0], m_tiles, slots * m_tiles)
+    elif not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
+        # the decode launch is cooperative (split requests merge in-kernel): one wave at most
+        raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
     md = DecodeMetadata(cache_seqlens.shape[0], s_q, heads, num_parts, cache_seqlens.device)
     md.update(cache_seqlens)
     return md

@@ -2,9 +2,10 @@
 
 They let ``torch.compile(fullgraph=True)`` trace a decode step (quantize, append, decode)
 without graph breaks and keep CUDA-graph capture simple: every argument is a tensor or a
-plain scalar, the metadata travels as its four buffers, and no value check reads device
+plain scalar, the metadata travels as its five buffers, and no value check reads device
 memory back. ``append_kv`` mutates the cache tensors; ``mla_decode`` mutates the metadata
-buffers (the scheduler rewrites them from ``cache_seqlens``).
+buffers (the decode kernel rewrites the plan from ``cache_seqlens``; the split counters
+return to zero).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _(kv, kv_scale, slots):
 
 
 @torch.library.custom_op(
-    "snapmla::mla_decode", mutates_args=("sched", "split_offsets", "o_partial", "lse_partial")
+    "snapmla::mla_decode", mutates_args=("sched", "split_offsets", "o_partial", "lse_partial", "counters")
 )
 def mla_decode(
     q_nope: Tensor,
@@ -67,11 +68,12 @@ def mla_decode(
     split_offsets: Tensor,
     o_partial: Tensor,
     lse_partial: Tensor,
+    counters: Tensor,
     softmax_scale: float,
     causal: bool,
 ) -> tuple[Tensor, Tensor]:
     b, s_q, h, _ = q_nope.shape
-    md = ops.DecodeMetadata.from_buffers(sched, split_offsets, o_partial, lse_partial, s_q=s_q, heads=h)
+    md = ops.DecodeMetadata.from_buffers(sched, split_offsets, o_partial, lse_partial, counters, s_q=s_q, heads=h)
     return ops.mla_decode(
         (q_nope, q_rope, q_scale), FP8KVCache(kv, kv_scale), block_table, cache_seqlens,
         softmax_scale=softmax_scale, causal=causal, metadata=md, check=False,
@@ -79,7 +81,7 @@ def mla_decode(
 
 
 @mla_decode.register_fake
-def _(q_nope, q_rope, q_scale, kv, kv_scale, block_table, cache_seqlens, sched, split_offsets, o_partial, lse_partial, softmax_scale, causal):
+def _(q_nope, q_rope, q_scale, kv, kv_scale, block_table, cache_seqlens, sched, split_offsets, o_partial, lse_partial, counters, softmax_scale, causal):
     b, s_q, h, _ = q_nope.shape
     return (
         q_nope.new_empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16),

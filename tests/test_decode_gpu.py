@@ -143,12 +143,48 @@ def test_zero_length_batch_gives_zero_and_neg_inf(seed):
 
 @pytest.mark.parametrize("parts", [1, 7, 66, 132, 300])
 def test_device_scheduler_matches_reference(parts):
+    from snapmla_cute import ops
     from snapmla_cute.kernels.decode_scheduler import schedule_reference
 
     rng = random.Random(parts)
     for _ in range(4):
         lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 70000)]) for _ in range(rng.randint(1, 600))]
-        md = decode_metadata(torch.tensor(lens, dtype=torch.int32, device="cuda"), s_q=1, heads=128, num_parts=parts)
+        sched = torch.full((parts, 8), -7, dtype=torch.int32, device="cuda")
+        offsets = torch.full((len(lens) + 1,), -7, dtype=torch.int32, device="cuda")
+        ops._launcher("decode_scheduler")(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets)
+        want_sched, want_offsets = schedule_reference(lens, parts)
+        assert sched.cpu().tolist() == want_sched, lens
+        assert offsets.cpu().tolist() == want_offsets, lens
+
+
+def test_num_parts_beyond_one_wave_refused():
+    lens = torch.tensor([100, 200], dtype=torch.int32, device="cuda")
+    slots = torch.cuda.get_device_properties(0).multi_processor_count // 2
+    decode_metadata(lens, s_q=1, heads=128, num_parts=slots)
+    with pytest.raises(ValueError, match="num_parts"):
+        decode_metadata(lens, s_q=1, heads=128, num_parts=slots + 1)
+
+
+@pytest.mark.parametrize("h, parts", [(128, 1), (128, 7), (128, 66), (64, 132), (16, 40)])
+def test_in_kernel_plan_and_merge(seed, h, parts):
+    """The decode kernel plans its own part (the plan it ran is written back to the
+    metadata and must be the reference plan) and merges split requests itself (splits
+    0..n-2 each merge a share of the rows), from 2 to ~100 splits per request."""
+    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+
+    rng = random.Random(seed * 1000 + parts)
+    lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 3000), rng.randint(0, 9000)]) for _ in range(12)]
+    c = build_case(len(lens), 1, h, 64, lens, seed=seed)
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
+    md.sched.fill_(-7)
+    md.split_offsets.fill_(-7)
+    for _ in range(2):  # the second call checks the split counters came back to zero
+        out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
         sched, offsets = schedule_reference(lens, parts)
         assert md.sched.cpu().tolist() == sched, lens
         assert md.split_offsets.cpu().tolist() == offsets, lens
+        assert torch.all(md.counters == 0)
+        (ox, lx), (oe, le) = references(c, False)
+        assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
+        assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
+        assert torch.equal(torch.isinf(lse), torch.isinf(lx.float()))

@@ -101,7 +101,7 @@ def test_compiled_step_matches_eager(seed):
     new_kv = (torch.randn(b * s_q, 576, device="cuda") / 10).to(torch.bfloat16)
     slots = torch.tensor([5, 6, 200, 201, 64, 65], device="cuda")
     bt = torch.randperm(pages, device="cuda").int()[: 3 * 4].view(3, 4)
-    args = lambda c: (q, c.kv, c.kv_scale, new_kv, slots, bt, lens, md.sched, md.split_offsets, md.o_partial, md.lse_partial)
+    args = lambda c: (q, c.kv, c.kv_scale, new_kv, slots, bt, lens, md.sched, md.split_offsets, md.o_partial, md.lse_partial, md.counters)
     eager = decode_step(*args(cache_a))
     torch._dynamo.reset()
     compiled = torch.compile(decode_step, fullgraph=True)(*args(cache_b))

@@ -19,15 +19,16 @@ def _meta_step_inputs(b=3, s_q=2, h=32, pages=10, ps=64, parts=8):
         split_offsets=torch.empty(b + 1, dtype=torch.int32, **m),
         o_partial=torch.empty(b + parts, s_q * h, 512, dtype=torch.float32, **m),
         lse_partial=torch.empty(b + parts, s_q * h, dtype=torch.float32, **m),
+        counters=torch.empty(b, 2 * ((s_q * h + 63) // 64), dtype=torch.int32, **m),
     )
 
 
-def decode_step(q, kv, kv_scale, new_kv, slots, block_table, seqlens, sched, split_offsets, o_partial, lse_partial):
+def decode_step(q, kv, kv_scale, new_kv, slots, block_table, seqlens, sched, split_offsets, o_partial, lse_partial, counters):
     torch.ops.snapmla.append_kv(kv, kv_scale, new_kv, slots)
     q_nope, q_rope, q_scale = torch.ops.snapmla.quantize_q(q)
     return torch.ops.snapmla.mla_decode(
         q_nope, q_rope, q_scale, kv, kv_scale, block_table, seqlens, sched, split_offsets, o_partial, lse_partial,
-        576**-0.5, True,
+        counters, 576**-0.5, True,
     )
 
 

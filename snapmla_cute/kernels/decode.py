@@ -40,6 +40,7 @@ from cutlass.memory import SmemAllocator
 from snapmla_cute.format import CONTENT_DIM, FP8_MAX, ROPE_DIM
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.layouts import transpose as T
+from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, DecodeSchedulerKernel
 from snapmla_cute.kernels.ptx import ldsm_x4_trans, stsm_x4
 from snapmla_cute.pipelines import roles
 
@@ -81,9 +82,16 @@ class DecodeConfig:
         return min(L.BLOCK_N, self.page_size)
 
 
+# the part's plan in shared memory: begin req, begin blk, end req, end blk, begin split,
+# then (first split row, splits) of the begin request and of the end request
+PLAN_WORDS = 16
+COMBINE_DIMS = CONTENT_DIM // roles.NUM_CONSUMER_WGS // 32  # dims per lane when combining
+
+
 class DecodeKernel:
     def __init__(self, cfg: DecodeConfig):
         self.cfg = cfg
+        self.planner = DecodeSchedulerKernel()
         self.n_sub = L.BLOCK_N // cfg.box_rows
         self.scale_stride = max(cfg.box_rows, 32)  # floats between boxes of scales
 
@@ -190,6 +198,7 @@ class DecodeKernel:
         m_lse: cute.Tensor,  # fp32 (b, h, s_q)
         m_o_partial: cute.Tensor,  # fp32 (R, 512, splits)
         m_lse_partial: cute.Tensor,  # fp32 (R, splits)
+        m_counters: cute.Tensor,  # int32 (b, 2 * m_tiles), zero between calls
         scale_log2: Float32,
         stream,
     ):
@@ -240,6 +249,8 @@ class DecodeKernel:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             state: cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE]
+            plan: cute.struct.MemRange[Int32, PLAN_WORDS]
+            scan: cute.struct.MemRange[Int32, roles.THREADS // 32]
             k_scale: cute.struct.Align[cute.struct.MemRange[Float32, self.scale_stride * self.n_sub * stages], 128]
             q_nope: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(q_nope_sl)], 1024]
             q_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_rope_sl)], 1024]
@@ -253,7 +264,7 @@ class DecodeKernel:
             qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
             tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
             m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets,
-            m_out, m_lse, m_o_partial, m_lse_partial, scale_log2,
+            m_out, m_lse, m_o_partial, m_lse_partial, m_counters, scale_log2,
             q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl,
         ).launch(
             grid=[cfg.m_tiles, num_parts, 1],
@@ -261,6 +272,7 @@ class DecodeKernel:
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,  # fixes the register pool so ptxas honours setmaxnreg
+            cooperative=True,  # every part resident: split requests are merged in-kernel
         )
 
     # ------------------------------------------------------------------ device side
@@ -292,6 +304,7 @@ class DecodeKernel:
         m_lse: cute.Tensor,
         m_o_partial: cute.Tensor,
         m_lse_partial: cute.Tensor,
+        m_counters: cute.Tensor,
         scale_log2: Float32,
         q_nope_sl: cute.ComposedLayout,
         q_rope_sl: cute.ComposedLayout,
@@ -337,13 +350,19 @@ class DecodeKernel:
         s_vt = cute.make_tensor(cute.recast_ptr(s_kv.iterator, vt_sl.inner), vt_sl.outer)
         s_state = storage.state.get_tensor(cute.make_layout((L.M_TILE, 4, 2)))
 
+        s_plan = storage.plan.get_tensor(cute.make_layout((PLAN_WORDS,)))
+
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        # this part's plan, computed here from the lengths (no scheduler launch); the KV
+        # stages are its scratch until the producer starts
+        self.plan(m_seqlens, m_sched, m_split_offsets, storage.kv.data_ptr(), storage.scan.get_tensor(
+            cute.make_layout((roles.THREADS // 32,))), s_plan, m_tile, part, tidx)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
             if warp_idx == 0:
-                begin_req, begin_blk, end_req, end_blk, _, n_reqs = self.read_schedule(m_sched, m_seqlens, part)
+                begin_req, begin_blk, end_req, end_blk, _, n_reqs = self.read_plan(s_plan, m_seqlens)
                 self.load(
                     tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
                     s_q_nope, s_q_rope, s_kv, s_kr, s_ks, m_block_table, m_seqlens,
@@ -352,23 +371,67 @@ class DecodeKernel:
         else:
             cute.arch.setmaxregister_increase(roles.CONSUMER_REGS)
             # read after setmaxnreg: values live across it would be spilled to local memory
-            begin_req, begin_blk, end_req, end_blk, begin_split, n_reqs = self.read_schedule(m_sched, m_seqlens, part)
+            begin_req, begin_blk, end_req, end_blk, begin_split, n_reqs = self.read_plan(s_plan, m_seqlens)
             self.consume(
                 qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
                 s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state, storage.kv.data_ptr().toint(),
-                m_q_scale, m_seqlens, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial,
+                m_q_scale, m_seqlens, s_plan, m_out, m_lse, m_o_partial, m_lse_partial, m_counters,
                 scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
                 n_reqs, wg_idx - 1,
             )
 
     @cute.jit
-    def read_schedule(self, m_sched, m_seqlens, part):
+    def plan(self, m_seqlens, m_sched, m_split_offsets, scratch_ptr, s_scan, s_plan, m_tile, part, tidx):
+        """All threads: this part's row of the split-KV plan (``decode_scheduler``'s, same
+        code) into ``s_plan``, plus the split rows of its first and last request. CTA (0, 0)
+        also writes ``split_offsets`` and every m-tile-0 CTA its ``sched`` row, so the
+        metadata shows the plan that ran."""
+        batch = m_seqlens.shape[0]
+        num_parts = m_sched.shape[0]
+        words = cute.recast_ptr(scratch_ptr, dtype=Int32)
+        s_pre = cute.make_tensor(words, cute.make_layout((MAX_BATCH + 1,)))
+        s_split = cute.make_tensor(words + (MAX_BATCH + 1), cute.make_layout((MAX_BATCH + 1,)))
+        total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, roles.THREADS)
+        cute.arch.sync_threads()
+        width = cutlass.max((total + num_parts - 1) // num_parts, 1)
+        self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, roles.THREADS)
+        if tidx == 0:
+            b_req, b_blk, e_req, e_blk, split = self.planner.part_plan(s_pre, batch, total, width, part)
+            s_plan[0] = b_req
+            s_plan[1] = b_blk
+            s_plan[2] = e_req
+            s_plan[3] = e_blk
+            s_plan[4] = split
+        cute.arch.sync_threads()
+        if tidx == 0:
+            b_req = s_plan[0]
+            e_req = s_plan[2]
+            if b_req < batch:
+                s_plan[5] = s_split[b_req]
+                s_plan[6] = s_split[b_req + 1] - s_split[b_req]
+            if e_req >= 0:
+                s_plan[7] = s_split[e_req]
+                s_plan[8] = s_split[e_req + 1] - s_split[e_req]
+            if m_tile == 0:
+                for k in cutlass.range_constexpr(5):
+                    m_sched[part, k] = s_plan[k]
+                for k in cutlass.range_constexpr(5, 8):
+                    m_sched[part, k] = 0
+        if m_tile == 0 and part == 0:
+            for r in cutlass.range(tidx, batch + 1, roles.THREADS, unroll=1):
+                m_split_offsets[r] = s_split[r]
+        # the producer's TMA writes (async proxy) follow these generic writes to the scratch
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def read_plan(self, s_plan, m_seqlens):
         """This part's work: (begin request, begin block, end request, end block, begin split, n requests)."""
-        begin_req = m_sched[part, 0]
+        begin_req = s_plan[0]
         n_reqs = Int32(0)
         if begin_req < m_seqlens.shape[0]:
-            n_reqs = m_sched[part, 2] - begin_req + 1
-        return begin_req, m_sched[part, 1], m_sched[part, 2], m_sched[part, 3], m_sched[part, 4], n_reqs
+            n_reqs = s_plan[2] - begin_req + 1
+        return begin_req, s_plan[1], s_plan[2], s_plan[3], s_plan[4], n_reqs
 
     @cute.jit
     def block_range(self, m_seqlens, r, req, begin_blk, end_req, end_blk):
@@ -566,7 +629,7 @@ class DecodeKernel:
     def consume(
         self, qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
         s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state, kv_addr,
-        m_q_scale, m_seqlens, m_split_offsets, m_out, m_lse, m_o_partial, m_lse_partial,
+        m_q_scale, m_seqlens, s_plan, m_out, m_lse, m_o_partial, m_lse_partial, m_counters,
         scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
         n_reqs, wg,
     ):
@@ -723,10 +786,26 @@ class DecodeKernel:
                 kv_pipe.consumer_release(self.kv_state(g))
             k_global = k0 + n
             hq.release()
+            # where this request's result goes: split rows of a request cut by a part boundary
+            first = Int32(0)
+            n_splits = Int32(1)
+            split = Int32(0)
+            if r == 0:
+                first = s_plan[5]
+                n_splits = s_plan[6]
+                split = begin_split
+            elif req == end_req:
+                first = s_plan[7]
+                n_splits = s_plan[8]
             self.epilogue(
                 acc_o_mn, c_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
-                m_split_offsets, m_tile, req, r, begin_split, n > 0, wg, wg_tidx,
+                m_tile, req, first + split, n_splits, n > 0, wg, wg_tidx,
             )
+            if n_splits > 1:
+                self.finish_split(
+                    m_out, m_lse, m_o_partial, m_lse_partial, m_counters, kv_addr, m_tile, req, first, split,
+                    n_splits, tidx - roles.THREADS_PER_WG,
+                )
 
     @cute.jit
     def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2):
@@ -800,15 +879,10 @@ class DecodeKernel:
     @cute.jit
     def epilogue(
         self, acc_o_mn, c_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
-        m_split_offsets, m_tile, req, r, begin_split, any_blocks, wg, wg_tidx,
+        m_tile, req, split_row, n_splits, any_blocks, wg, wg_tidx,
     ):
         cfg = self.cfg
         pv_n = CONTENT_DIM // roles.NUM_CONSUMER_WGS // cfg.pv_splits
-        first = m_split_offsets[req]
-        n_splits = m_split_offsets[req + 1] - first
-        split = Int32(0)
-        if r == 0:
-            split = begin_split
         for i in cutlass.range_constexpr(cute.size(c_o_mn, mode=[0])):
             row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
             ell = row_sum[i]
@@ -827,9 +901,116 @@ class DecodeKernel:
                         if n_splits == 1:
                             m_out[row, col, req] = val.to(BFloat16)
                         else:
-                            m_o_partial[row, col, first + split] = val
-                if wg == 0 and wg_tidx % 4 == 0:
+                            m_o_partial[row, col, split_row] = val
+                # a split's LSE is written by both WGs (same value): each WG's combine then
+                # needs only its own WG's writes to be complete
+                if wg_tidx % 4 == 0:
                     if n_splits == 1:
-                        m_lse[req, row % cfg.heads, row // cfg.heads] = lse
+                        if wg == 0:
+                            m_lse[req, row % cfg.heads, row // cfg.heads] = lse
                     else:
-                        m_lse_partial[row, first + split] = lse
+                        m_lse_partial[row, split_row] = lse
+
+    @cute.jit
+    def finish_split(
+        self, m_out, m_lse, m_o_partial, m_lse_partial, m_counters, kv_addr, m_tile, req, first, split,
+        n_splits, ctid,
+    ):
+        """Split-KV merge without a second kernel (the launch is cooperative, so every
+        part's CTA is resident). Each split counts itself once its partial result is
+        written. Splits 0..n-2 process the request last in their part; they wait for the
+        count and merge a share of its rows each (the last split processes it first in its
+        part and goes on): lse = max + log Σ exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s.
+        ``ctid``: 0..255 over both consumer WGs. The last merger resets the counters."""
+        cfg = self.cfg
+        pair = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pair_sync, num_threads=roles.PAIR_THREADS)
+        cnt_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile), m_counters.layout)
+        done_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile + 1), m_counters.layout)
+        cute.arch.fence_acq_rel_gpu()  # my partial writes, before the count
+        pair.arrive_and_wait()
+        if ctid == 0:
+            cute.arch.atomic_add(cnt_ptr, Int32(1), sem="release", scope="gpu")
+        if split < n_splits - 1:
+            if ctid == 0:
+                while cute.arch.load(cnt_ptr, Int32, sem="acquire", scope="gpu") < n_splits:
+                    pass
+            pair.arrive_and_wait()
+            cute.arch.fence_acq_rel_gpu()  # every split's writes, after the count
+            n_p = n_splits - 1
+            r0 = split * L.M_TILE // n_p
+            r1 = (split + 1) * L.M_TILE // n_p
+            r1 = cutlass.min(r1, cfg.rows - m_tile * L.M_TILE)
+            nrows = r1 - r0
+            # the KV stages are idle now (this is the part's last request): scratch
+            s_lse = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16), cute.make_layout((L.M_TILE,)))
+            # 1. final LSE of each row of the share
+            if ctid < nrows:
+                row = m_tile * L.M_TILE + r0 + ctid
+                lse_max = -Float32.inf
+                for sp in cutlass.range(n_splits, unroll=4):
+                    lse_max = cute.arch.fmax(lse_max, m_lse_partial[row, first + sp])
+                lse = -Float32.inf
+                if lse_max != -Float32.inf:
+                    total = Float32(0.0)
+                    for sp in cutlass.range(n_splits, unroll=4):
+                        total += cute.math.exp(m_lse_partial[row, first + sp] - lse_max)
+                    lse = lse_max + cute.math.log(total)
+                s_lse[ctid] = lse
+                m_lse[req, row % cfg.heads, row // cfg.heads] = lse
+            pair.arrive_and_wait()
+            # 2. out rows: items (row, 8 dims); with few items the splits are shared out too
+            # (G groups, summed through shared memory)
+            n_items = nrows * (CONTENT_DIM // 8)
+            G = Int32(1)
+            if n_items * 2 <= roles.PAIR_THREADS:
+                G = 2
+            if n_items * 4 <= roles.PAIR_THREADS:
+                G = 4
+            per_g = roles.PAIR_THREADS // G
+            g = ctid // per_g
+            s_acc = cute.make_tensor(
+                cute.make_ptr(Float32, kv_addr + 1024, cute.AddressSpace.smem, assumed_align=16),
+                cute.make_layout((8, roles.PAIR_THREADS), stride=(1, 8)),
+            )
+            for it in cutlass.range(ctid % per_g, n_items, per_g, unroll=1):
+                lr = it // (CONTENT_DIM // 8)
+                d = (it % (CONTENT_DIM // 8)) * 8
+                row = m_tile * L.M_TILE + r0 + lr
+                lse = s_lse[lr]
+                acc = cute.make_rmem_tensor((8,), Float32)
+                acc.fill(0.0)
+                if lse != -Float32.inf:
+                    for sp in cutlass.range(g, n_splits, G, unroll=4):  # loads in flight together
+                        w = cute.math.exp(m_lse_partial[row, first + sp] - lse)
+                        src = cute.make_rmem_tensor((8,), Float32)
+                        cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src)
+                        acc.store(acc.load() + src.load() * w)
+                if G == 1:
+                    res = cute.make_rmem_tensor((8,), BFloat16)
+                    res.store(acc.load().to(BFloat16))
+                    cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
+                else:
+                    cute.autovec_copy(acc, s_acc[None, ctid])
+            if G > 1:
+                pair.arrive_and_wait()
+                it = ctid
+                if ctid < n_items:
+                    lr = it // (CONTENT_DIM // 8)
+                    d = (it % (CONTENT_DIM // 8)) * 8
+                    row = m_tile * L.M_TILE + r0 + lr
+                    acc = cute.make_rmem_tensor((8,), Float32)
+                    acc.fill(0.0)
+                    for gg in cutlass.range(G, unroll=1):
+                        src = cute.make_rmem_tensor((8,), Float32)
+                        cute.autovec_copy(s_acc[None, gg * per_g + it], src)
+                        acc.store(acc.load() + src.load())
+                    res = cute.make_rmem_tensor((8,), BFloat16)
+                    res.store(acc.load().to(BFloat16))
+                    cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
+            # the last merger resets the counters for the next call
+            pair.arrive_and_wait()
+            if ctid == 0:
+                old = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
+                if old == n_p - 1:
+                    m_counters[req, 2 * m_tile] = 0
+                    m_counters[req, 2 * m_tile + 1] = 0

@@ -71,7 +71,7 @@ class DecodeSchedulerKernel:
         return (seqlen + self.cfg.block_n - 1) // self.cfg.block_n
 
     @cute.jit
-    def exclusive_scan(self, v, s_warp, tidx):
+    def exclusive_scan(self, v, s_warp, tidx, threads: cutlass.Constexpr = THREADS):
         """Block-wide exclusive prefix sum of one Int32 per thread: (prefix, total)."""
         lane = tidx % 32
         warp = tidx // 32
@@ -85,7 +85,7 @@ class DecodeSchedulerKernel:
         cute.arch.sync_threads()
         before = Int32(0)
         total = Int32(0)
-        for w in cutlass.range_constexpr(THREADS // 32):
+        for w in cutlass.range_constexpr(threads // 32):
             t = s_warp[w]
             if w < warp:
                 before += t
@@ -96,78 +96,21 @@ class DecodeSchedulerKernel:
     @cute.kernel
     def kernel(self, m_cache_seqlens: cute.Tensor, m_sched: cute.Tensor, m_split_offsets: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
-        ov = self.cfg.fixed_overhead_blocks
         batch = m_cache_seqlens.shape[0]
         num_parts = m_sched.shape[0]
         storage = SmemAllocator().allocate(self.shared_storage)
         s_pre = storage.prefix.get_tensor(cute.make_layout((MAX_BATCH + 1,)))
         s_warp = storage.warp_sums.get_tensor(cute.make_layout((THREADS // 32,)))
-        # each thread owns a contiguous run of requests
-        per = (batch + THREADS - 1) // THREADS
-        lo = cutlass.min(tidx * per, batch)
-        hi = cutlass.min(lo + per, batch)
-
-        # 1. unit prefix sums S_r
-        mine = Int32(0)
-        for r in cutlass.range(lo, hi, unroll=1):
-            mine += self.n_blocks(m_cache_seqlens[r]) + ov
-        run, total = self.exclusive_scan(mine, s_warp, tidx)
-        for r in cutlass.range(lo, hi, unroll=1):
-            s_pre[r] = run
-            run += self.n_blocks(m_cache_seqlens[r]) + ov
-        if tidx == 0:
-            s_pre[batch] = total
+        # 1. unit prefix sums S_r, 2. splits per request and their prefix sums (each
+        # thread owns a contiguous run of requests)
+        total = self.unit_prefix(m_cache_seqlens, s_pre, s_warp, tidx, THREADS)
         cute.arch.sync_threads()
         width = cutlass.max((total + num_parts - 1) // num_parts, 1)
-
-        # 2. splits per request and their prefix sums
-        mine = Int32(0)
-        for r in cutlass.range(lo, hi, unroll=1):
-            mine += self.n_splits(s_pre, r, width)
-        run, total_splits = self.exclusive_scan(mine, s_warp, tidx)
-        for r in cutlass.range(lo, hi, unroll=1):
-            m_split_offsets[r] = run
-            run += self.n_splits(s_pre, r, width)
-        if tidx == 0:
-            m_split_offsets[batch] = total_splits
+        self.split_prefix(s_pre, batch, width, m_split_offsets, s_warp, tidx, THREADS)
 
         # 3. every part on its own
         for p in cutlass.range(tidx, num_parts, THREADS, unroll=1):
-            u0 = p * width
-            u1 = cutlass.min(u0 + width, total)
-            b_req = batch
-            b_blk = Int32(0)
-            e_req = Int32(0)
-            e_blk = Int32(0)
-            split = Int32(0)
-            if u0 < total:
-                # begin: the request holding unit u0 (largest r with S_r <= u0)
-                a = Int32(0)
-                z = batch
-                while a < z - 1:
-                    mid = (a + z) // 2
-                    if s_pre[mid] <= u0:
-                        a = mid
-                    else:
-                        z = mid
-                b_req = a
-                first_unit = s_pre[a] + ov
-                b_blk = cutlass.max(u0 - first_unit, 0)
-                if s_pre[a + 1] > first_unit and p * width > first_unit:
-                    split = p - first_unit // width
-                # end: the last request with a block before u1 (an empty one: whose
-                # overhead ends by u1), i.e. the largest r with key_r < u1
-                a = Int32(-1)
-                z = batch
-                while a < z - 1:
-                    mid = (a + z) // 2
-                    if self.end_key(s_pre, mid) < u1:
-                        a = mid
-                    else:
-                        z = mid
-                e_req = a
-                if a >= 0:
-                    e_blk = cutlass.min(s_pre[a + 1] - s_pre[a] - ov, u1 - s_pre[a] - ov)
+            b_req, b_blk, e_req, e_blk, split = self.part_plan(s_pre, batch, total, width, p)
             m_sched[p, 0] = b_req
             m_sched[p, 1] = b_blk
             m_sched[p, 2] = e_req
@@ -176,6 +119,85 @@ class DecodeSchedulerKernel:
             m_sched[p, 5] = 0
             m_sched[p, 6] = 0
             m_sched[p, 7] = 0
+
+    @cute.jit
+    def unit_prefix(self, m_cache_seqlens, s_pre, s_warp, tidx, threads: cutlass.Constexpr):
+        """Step 1 by ``threads`` threads: S_r into ``s_pre[0..b]``; returns the total.
+        The caller syncs before reading ``s_pre``."""
+        ov = self.cfg.fixed_overhead_blocks
+        batch = m_cache_seqlens.shape[0]
+        per = (batch + threads - 1) // threads
+        lo = cutlass.min(tidx * per, batch)
+        hi = cutlass.min(lo + per, batch)
+        mine = Int32(0)
+        for r in cutlass.range(lo, hi, unroll=1):
+            mine += self.n_blocks(m_cache_seqlens[r]) + ov
+        run, total = self.exclusive_scan(mine, s_warp, tidx, threads)
+        for r in cutlass.range(lo, hi, unroll=1):
+            s_pre[r] = run
+            run += self.n_blocks(m_cache_seqlens[r]) + ov
+        if tidx == 0:
+            s_pre[batch] = total
+        return total
+
+    @cute.jit
+    def split_prefix(self, s_pre, batch, width, m_out, s_warp, tidx, threads: cutlass.Constexpr):
+        """Step 2 by ``threads`` threads: split offsets of every request into ``m_out[0..b]``
+        (shared or global memory)."""
+        per = (batch + threads - 1) // threads
+        lo = cutlass.min(tidx * per, batch)
+        hi = cutlass.min(lo + per, batch)
+        mine = Int32(0)
+        for r in cutlass.range(lo, hi, unroll=1):
+            mine += self.n_splits(s_pre, r, width)
+        run, total_splits = self.exclusive_scan(mine, s_warp, tidx, threads)
+        for r in cutlass.range(lo, hi, unroll=1):
+            m_out[r] = run
+            run += self.n_splits(s_pre, r, width)
+        if tidx == 0:
+            m_out[batch] = total_splits
+
+    @cute.jit
+    def part_plan(self, s_pre, batch, total, width, p):
+        """Part ``p``'s row of the plan from the unit prefix sums: (begin request, begin
+        block, end request, end block, split index of the begin request)."""
+        ov = self.cfg.fixed_overhead_blocks
+        u0 = p * width
+        u1 = cutlass.min(u0 + width, total)
+        b_req = batch
+        b_blk = Int32(0)
+        e_req = Int32(0)
+        e_blk = Int32(0)
+        split = Int32(0)
+        if u0 < total:
+            # begin: the request holding unit u0 (largest r with S_r <= u0)
+            a = Int32(0)
+            z = batch
+            while a < z - 1:
+                mid = (a + z) // 2
+                if s_pre[mid] <= u0:
+                    a = mid
+                else:
+                    z = mid
+            b_req = a
+            first_unit = s_pre[a] + ov
+            b_blk = cutlass.max(u0 - first_unit, 0)
+            if s_pre[a + 1] > first_unit and p * width > first_unit:
+                split = p - first_unit // width
+            # end: the last request with a block before u1 (an empty one: whose
+            # overhead ends by u1), i.e. the largest r with key_r < u1
+            a = Int32(-1)
+            z = batch
+            while a < z - 1:
+                mid = (a + z) // 2
+                if self.end_key(s_pre, mid) < u1:
+                    a = mid
+                else:
+                    z = mid
+            e_req = a
+            if a >= 0:
+                e_blk = cutlass.min(s_pre[a + 1] - s_pre[a] - ov, u1 - s_pre[a] - ov)
+        return b_req, b_blk, e_req, e_blk, split
 
     @cute.jit
     def end_key(self, s_pre, r):

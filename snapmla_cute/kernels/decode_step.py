@@ -1,7 +1,8 @@
-"""One decode step as one host function: split-KV scheduler, decode, combine.
+"""One decode step as one host function and one launch (two from a bf16 query).
 
-The three kernels are launched back to back on the caller's stream from a single compiled
-host function, so a decode step costs one TVM-FFI call instead of three. It takes every
+The decode kernel plans its own part of the split-KV work from the lengths and merges the
+splits of a cut request itself (the last split to finish does it), so a step is one
+kernel launch and one TVM-FFI call. It takes every
 tensor in its natural (contiguous, PyTorch) layout and builds the kernels' views here, at
 trace time: a call from Python makes no view objects, and TVM-FFI's argument decoding (in
 C) checks every tensor's dtype, shape, strides, alignment and device, batch sizes tied
@@ -21,8 +22,6 @@ from cutlass import BFloat16
 
 from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels.decode import DecodeConfig, DecodeKernel
-from snapmla_cute.kernels.decode_combine import CombineConfig, DecodeCombineKernel
-from snapmla_cute.kernels.decode_scheduler import DecodeSchedulerKernel
 from snapmla_cute.kernels.quant_q import QuantizeQKernel
 
 
@@ -43,9 +42,7 @@ def _view(t: cute.Tensor, shape, stride, dtype=None, byte_offset: int = 0):
 class DecodeStepKernel:
     def __init__(self, cfg: DecodeStepConfig):
         self.cfg = cfg
-        self.scheduler = DecodeSchedulerKernel()
         self.decode = DecodeKernel(cfg.decode)
-        self.combine = DecodeCombineKernel(CombineConfig(heads=cfg.decode.heads, s_q=cfg.decode.s_q))
 
     @cute.jit
     def __call__(
@@ -63,12 +60,13 @@ class DecodeStepKernel:
         m_split_heads: cute.Tensor,
         m_o_partial: cute.Tensor,
         m_lse_partial: cute.Tensor,
+        m_counters: cute.Tensor,
         scale_log2: cutlass.Float32,
         stream,
     ):
         self.step(
             m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
-            m_sched, m_split_heads, m_o_partial, m_lse_partial, scale_log2, stream,
+            m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
         )
 
     @cute.jit
@@ -87,6 +85,7 @@ class DecodeStepKernel:
         m_split_heads: cute.Tensor,  # int32 [b]: the first b of split_offsets' b + 1 entries
         m_o_partial: cute.Tensor,  # fp32 [splits, R, 512]
         m_lse_partial: cute.Tensor,  # fp32 [splits, R]
+        m_counters: cute.Tensor,  # int32 [b, 2 * m_tiles], zero between calls
         scale_log2: cutlass.Float32,
         stream,
     ):
@@ -106,17 +105,15 @@ class DecodeStepKernel:
         out_d = _view(m_out, (R, CONTENT_DIM, b), (CONTENT_DIM, 1, R * CONTENT_DIM))
         o_part_d = _view(m_o_partial, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM))
         lse_part_d = _view(m_lse_partial, (R, splits), (1, R))
-        out_c = _view(m_out, (b, R, CONTENT_DIM), (R * CONTENT_DIM, CONTENT_DIM, 1))
         # passed as b entries so TVM-FFI ties the plan to the batch (a plan made for a smaller
         # batch would be overrun); the buffer behind it holds b + 1
         m_split_offsets = _view(m_split_heads, (b + 1,), (1,))
 
-        self.scheduler(m_seqlens, m_sched, m_split_offsets, stream)
+        # one launch: the decode kernel plans its own part and merges split requests
         self.decode(
             q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, m_block_table, m_seqlens,
-            m_sched, m_split_offsets, out_d, m_lse, o_part_d, lse_part_d, scale_log2, stream,
+            m_sched, m_split_offsets, out_d, m_lse, o_part_d, lse_part_d, m_counters, scale_log2, stream,
         )
-        self.combine(m_o_partial, m_lse_partial, m_split_offsets, out_c, m_lse, stream)
 
 
 class DecodeStepQuantKernel(DecodeStepKernel):
@@ -144,6 +141,7 @@ class DecodeStepQuantKernel(DecodeStepKernel):
         m_split_heads: cute.Tensor,
         m_o_partial: cute.Tensor,
         m_lse_partial: cute.Tensor,
+        m_counters: cute.Tensor,
         scale_log2: cutlass.Float32,
         stream,
     ):
@@ -158,5 +156,5 @@ class DecodeStepQuantKernel(DecodeStepKernel):
         )
         self.step(
             m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
-            m_sched, m_split_heads, m_o_partial, m_lse_partial, scale_log2, stream,
+            m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
         )
