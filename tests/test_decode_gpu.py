@@ -188,3 +188,31 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
         assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
         assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
         assert torch.equal(torch.isinf(lse), torch.isinf(lx.float()))
+
+
+@pytest.mark.parametrize("h, s_q, ps, lens, causal", [
+    (128, 1, 64, [640], False),
+    (32, 2, 16, [0, 77, 3000], True),
+    (128, 1, 64, [8192, 100], False),
+    (64, 1, 32, [5000, 1, 2500, 129], False),
+])
+def test_merge_never_reads_unwritten_partials(seed, h, s_q, ps, lens, causal):
+    """Repeated calls with the split buffers poisoned with NaN before each: a merge that
+    read a partial before its writer finished would show NaN or differ between calls."""
+    c = build_case(len(lens), s_q, h, ps, lens, seed=seed)
+    md = decode_metadata(c["cache_seqlens"], s_q=s_q, heads=h)
+    first = None
+    for it in range(40):
+        md.o_partial.fill_(float("nan"))
+        md.lse_partial.fill_(float("nan"))
+        out = torch.full((len(lens), s_q, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((len(lens), h, s_q), float("nan"), device="cuda")
+        mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], causal=causal, metadata=md, out=out, lse=lse, check=False)
+        if first is None:
+            first = (out.clone(), lse.clone())
+            (_, _), (oe, le) = references(c, causal)
+            assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
+            assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL
+        else:
+            assert torch.equal(out, first[0]) and torch.equal(lse, first[1]), f"call {it} differs"
+    assert torch.all(md.counters == 0)
