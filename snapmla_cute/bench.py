@@ -66,18 +66,24 @@ def time_us(fn, *, warmup: int = 3, reps: int = 30, per_group: int = 10, graph: 
     return statistics.median(times)
 
 
-def host_us_per_call(fn, calls: int = 200) -> float:
-    """Wall time of issuing one call from Python (GPU work overlaps; the queue is drained after)."""
+def host_us_per_call(fn, calls: int = 200, groups: int = 5) -> float:
+    """Wall time of issuing one call from Python (GPU work overlaps; the queue is drained
+    between groups): the median over ``groups`` groups of ``calls // groups`` calls, so a
+    noisy moment on the host does not set the figure."""
     import time
 
     fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+    per = max(1, calls // groups)
+    samples = []
+    for _ in range(groups):
+        t0 = time.perf_counter()
+        for _ in range(per):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0) / per * 1e6)
+    return statistics.median(samples)
 
 
 def bench_fused(tokens=(1 << 16, 1 << 20, 1 << 22), page_size: int = 64, verify: bool = True):
