@@ -321,13 +321,12 @@ class DecodeKernel:
 
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = roles.NUM_CONSUMER_WGS * roles.THREADS_PER_WG // 32
-        q_pipe = pipeline.PipelineTmaAsync.create(
+        q_prod, q_cons = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
             tx_count=self.q_bytes, defer_sync=True,
-        )
-        _, q_cons = q_pipe.make_participants()
+        ).make_participants()
         kv_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.kv_mbar.data_ptr(), num_stages=cfg.kv_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
@@ -367,7 +366,7 @@ class DecodeKernel:
                 self.load(
                     tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
                     s_q_nope, s_q_rope, s_kv, s_kr, s_ks, m_block_table, m_seqlens,
-                    q_pipe, kv_prod, m_tile, begin_req, begin_blk, end_req, end_blk, n_reqs,
+                    q_prod, kv_prod, m_tile, begin_req, begin_blk, end_req, end_blk, n_reqs,
                 )
         else:
             cute.arch.setmaxregister_increase(roles.CONSUMER_REGS)
@@ -451,7 +450,7 @@ class DecodeKernel:
     def load(
         self, tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
         s_q_nope, s_q_rope, s_kv, s_kr, s_ks, m_block_table, m_seqlens,
-        q_pipe, kv_prod, m_tile, begin_req, begin_blk, end_req, end_blk, n_reqs,
+        q_prod, kv_prod, m_tile, begin_req, begin_blk, end_req, end_blk, n_reqs,
     ):
         cfg = self.cfg
         br = cfg.box_rows
@@ -486,20 +485,14 @@ class DecodeKernel:
             req = begin_req + r
             seqlen, blk_lo, blk_hi = self.block_range(m_seqlens, r, req, begin_blk, end_req, end_blk)
             n_entries = (seqlen + cfg.page_size - 1) // cfg.page_size
-            # The request's first `kv_stages` blocks go before its Q: their stages free up
-            # while the consumers finish the previous request, whereas Q's single buffer frees
-            # only after that request's last PV. Block `kv_stages` would need a stage that
-            # holds this request's own first block, so Q goes before it (no deadlock).
-            q_at = blk_lo + cfg.kv_stages
-            if blk_hi <= q_at:
-                q_at = blk_hi
+            hq = q_prod.acquire_and_advance()
+            cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
             # block-table entries 32 at a time, one per lane: one load latency per 32 pages
             # instead of one per KV block on the producer's critical path
             base = Int32(-64)
             cached = Int32(OOB_PAGE)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                if blk == q_at:
-                    self.load_q(tma_q_nope, tq_g, tq_s, tma_q_rope, tqr_g, tqr_s, q_pipe, m_tile, req, r)
                 hk = kv_prod.acquire_and_advance()
                 for sub in cutlass.range_constexpr(self.n_sub):
                     tok = blk * L.BLOCK_N + sub * br
@@ -516,19 +509,6 @@ class DecodeKernel:
                     cute.copy(tma_kv, tkv_g[(None, tile, 0, page)], tkv_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
                     cute.copy(tma_kr, tkr_g[(None, tile, 0, page)], tkr_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
                     cute.copy(tma_ks, tks_g[(None, tile, page)], tks_s[(None, sub, hk.index)], tma_bar_ptr=hk.barrier)
-            if q_at == blk_hi:  # at most `kv_stages` blocks (or none)
-                self.load_q(tma_q_nope, tq_g, tq_s, tma_q_rope, tqr_g, tqr_s, q_pipe, m_tile, req, r)
-
-    @cute.jit
-    def load_q(self, tma_q_nope, tq_g, tq_s, tma_q_rope, tqr_g, tqr_s, q_pipe, m_tile, req, r):
-        """Q of the part's r-th request into the single Q buffer. The producer state is
-        computed from r (the load sits in a data-dependent branch, where a carried
-        pipeline object could not be advanced)."""
-        st = pipeline.PipelineState(1, r, 0, (r + 1) % 2)  # producer phases start at 1
-        q_pipe.producer_acquire(st)
-        bar = q_pipe.producer_get_barrier(st)
-        cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, 0)], tma_bar_ptr=bar)
-        cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, 0)], tma_bar_ptr=bar)
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
