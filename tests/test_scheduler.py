@@ -67,3 +67,35 @@ def test_default_parts_avoid_splitting_equal_batches():
     assert default_num_parts(100, 2, 132) == 66  # 50 parts would idle 24% of the SMs
     sched, offsets = schedule_reference([4096] * 128, 64)
     assert offsets[-1] == 128  # no request split
+
+
+def _merge_roles(lens, parts):
+    """The in-kernel merge as the decode kernel's consumers see it: for every visit of a
+    split request, (split index, part, is it the part's last request)."""
+    sched, offsets = schedule_reference(lens, parts)
+    visits = {}
+    for p, (b, _, e, _, begin_split, *_) in enumerate(sched):
+        if b >= len(lens):
+            continue
+        for i, req in enumerate(range(b, e + 1)):
+            n_splits = offsets[req + 1] - offsets[req]
+            split = begin_split if i == 0 else 0
+            if (i == 0 or req == e) and n_splits > 1:
+                visits.setdefault(req, []).append((split, p, req == e))
+    return visits, offsets
+
+
+@pytest.mark.parametrize("parts", [1, 7, 16, 33, 40, 66, 132])
+def test_merge_counts_and_waiting_splits(parts):
+    """Each split request is counted by exactly its n splits (indices 0..n-1, once each), and
+    the splits that wait for the count (0..n-2) all process that request last in their part,
+    so no waiting CTA holds work another split needs."""
+    rng = random.Random(1000 + parts)
+    for _ in range(200):
+        lens = [rng.choice([0, 1, 63, 64, 65, rng.randint(0, 9000)]) for _ in range(rng.randint(1, 40))]
+        visits, offsets = _merge_roles(lens, parts)
+        for req, seen in visits.items():
+            n = offsets[req + 1] - offsets[req]
+            assert sorted(s for s, _, _ in seen) == list(range(n)), (lens, parts, req)
+            assert all(last for s, _, last in seen if s < n - 1), (lens, parts, req)
+            assert len({p for _, p, _ in seen}) == n
