@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile every kernel variant (no GPU needed) and report SASS facts")
     c.add_argument("--arch", default="sm_90a")
-    c.add_argument("--quick", action="store_true", help="main decode/combine variants only")
+    c.add_argument("--quick", action="store_true", help="main decode variants only")
     c.add_argument("--kernels", nargs="+", help="only these kernels (e.g. decode decode_step)")
     c.add_argument("--jobs", type=int, default=2, help="parallel compile processes")
     c.set_defaults(func=_compile)
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--with-standard", action="store_true", help="time --shape rows after the standard ones")
     b.add_argument("--plot", metavar="PNG", help="write a bar chart of the decode rows")
     b.set_defaults(func=_bench)
-    pr = sub.add_parser("profile", help="Nsight Compute profile of the decode step (scheduler, decode, combine)")
+    pr = sub.add_parser("profile", help="Nsight Compute profile of the decode step (one kernel)")
     pr.add_argument("shapes", nargs="*", default=["s1", "s2"],
                     help="s1: b128 h128 s_q1 s_k4096 (memory-bound); s2: b128 h128 s_q2 s_k8192 causal (compute-bound)")
     pr.add_argument("--out", default="profiles/reports", help="folder for the .ncu-rep reports and text summaries")

@@ -47,7 +47,7 @@ def _report_one(args) -> dict:
     sass = str(art.SASS or "")
     counts = sass_counts(sass)
     regs_used = max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=-1) + 1
-    kernels = kernel_resources(art.CUBIN)  # a decode step holds three kernels: report the largest
+    kernels = kernel_resources(art.CUBIN)  # a step may hold two kernels (Q-quant, decode): report the largest
     res = max(kernels, key=lambda k: (k.registers, k.frame_bytes))
     frame = max(k.frame_bytes for k in kernels)
     return dict(

@@ -193,7 +193,7 @@ def _kernel_object(name: str, config):
 
 
 def default_config(name: str):
-    """The default config of a kernel that has one (decode and combine need shape configs)."""
+    """The default config of a kernel that has one (the decode kernels need shape configs)."""
     cls = _KERNELS[name][2]
     if cls is None:
         raise KeyError(f"{name} has no default config: pass one")

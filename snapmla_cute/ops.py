@@ -185,8 +185,8 @@ class DecodeMetadata:
     """Device-side split-KV work plan plus the partial-result buffers it indexes.
 
     Made once per (batch, s_q, heads) shape by :func:`decode_metadata`; every
-    :func:`mla_decode` call that gets it re-runs the scheduler kernel into these same
-    buffers from the current ``cache_seqlens`` (no allocation, no host sync), so it is safe
+    :func:`mla_decode` call that gets it re-plans into these same buffers from the current
+    ``cache_seqlens`` (inside the decode kernel: no allocation, no host sync), so it is safe
     to capture in a CUDA graph and replay with new lengths.
     """
 

@@ -3,7 +3,7 @@
 Three pieces, so each can run alone:
 
 * ``run_target(shape)`` — what runs under ncu: builds one decode case, compiles and runs it
-  once outside the profiled range, then one ``mla_decode`` call (scheduler, decode, combine)
+  once outside the profiled range, then one ``mla_decode`` call (one decode kernel)
   between ``cudaProfilerStart``/``Stop``.
 * ``ncu_command(...)`` — the ncu command line: ``--clock-control none`` (the clocks stay as
   in serving), ``--profile-from-start off``, and the sections that matter for this kernel.

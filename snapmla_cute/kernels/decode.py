@@ -902,8 +902,8 @@ class DecodeKernel:
                             m_out[row, col, req] = val.to(BFloat16)
                         else:
                             m_o_partial[row, col, split_row] = val
-                # a split's LSE is written by both WGs (same value): each WG's combine then
-                # needs only its own WG's writes to be complete
+                # a split's LSE is written by both WGs (the same value); the CTA counts
+                # its split only after both WGs' writes (finish_split)
                 if wg_tidx % 4 == 0:
                     if n_splits == 1:
                         if wg == 0:

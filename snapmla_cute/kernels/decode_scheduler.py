@@ -8,7 +8,7 @@ ceil(L_r / block_n) KV blocks preceded by ``overhead`` units for its Q load and 
 Laid end to end the requests occupy units ``[S_r, S_r + c_r)`` (S = exclusive prefix sum);
 part p takes units ``[p·w, (p+1)·w)``, w = ceil(total / num_parts), and owns the blocks
 whose units fall there. A request whose blocks span several parts is split (its partial
-results are merged by the combine kernel); an empty request belongs to the part that covers
+results are merged inside the decode kernel); an empty request belongs to the part that covers
 the last unit of its overhead and writes a zero output and -inf LSE.
 
 Every part is computed independently (binary searches over S in shared memory), so one
