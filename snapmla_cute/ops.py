@@ -198,7 +198,7 @@ class DecodeMetadata:
         max_splits = batch + num_parts  # each part boundary adds at most one split
         self.o_partial = torch.empty(max_splits, rows, CONTENT_DIM, dtype=torch.float32, device=device)
         self.lse_partial = torch.empty(max_splits, rows, dtype=torch.float32, device=device)
-        # per (request, m-tile, consumer WG): splits finished; the last one merges and resets it
+        # per (request, m-tile): splits counted, mergers done; the last merger zeroes both
         self.counters = torch.zeros(batch, 2 * ((rows + 63) // 64), dtype=torch.int32, device=device)
         # the quantized query of a bf16 q, so a captured decode allocates nothing
         self.q_nope = torch.empty(batch, s_q, heads, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=device)

@@ -47,31 +47,6 @@ class DecodeStepKernel:
     @cute.jit
     def __call__(
         self,
-        m_q_nope: cute.Tensor,
-        m_q_rope: cute.Tensor,
-        m_q_scale: cute.Tensor,
-        m_block_table: cute.Tensor,
-        m_seqlens: cute.Tensor,
-        m_out: cute.Tensor,
-        m_lse: cute.Tensor,
-        m_kv: cute.Tensor,
-        m_kv_scale: cute.Tensor,
-        m_sched: cute.Tensor,
-        m_split_heads: cute.Tensor,
-        m_o_partial: cute.Tensor,
-        m_lse_partial: cute.Tensor,
-        m_counters: cute.Tensor,
-        scale_log2: cutlass.Float32,
-        stream,
-    ):
-        self.step(
-            m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
-            m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
-        )
-
-    @cute.jit
-    def step(
-        self,
         m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512]
         m_q_rope: cute.Tensor,  # bf16 [b, s_q, h, 64]
         m_q_scale: cute.Tensor,  # fp32 [b, s_q, h]
@@ -118,7 +93,7 @@ class DecodeStepKernel:
 
 class DecodeStepQuantKernel(DecodeStepKernel):
     """The step from a bf16 query: Fused-Q-Quant into the metadata's query buffers first
-    (a fourth launch in the same host function), then the step."""
+    (a second launch in the same host function), then the step."""
 
     def __init__(self, cfg: DecodeStepConfig):
         super().__init__(cfg)
@@ -154,7 +129,7 @@ class DecodeStepQuantKernel(DecodeStepKernel):
             _view(m_q_scale, (n,), (1,)),
             stream,
         )
-        self.step(
-            m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
+        DecodeStepKernel.__call__(
+            self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
             m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
         )
