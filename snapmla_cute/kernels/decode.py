@@ -41,6 +41,7 @@ from snapmla_cute.format import CONTENT_DIM, FP8_MAX, ROPE_DIM
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.layouts import transpose as T
 from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, DecodeSchedulerKernel
+from snapmla_cute.kernels import ptx
 from snapmla_cute.kernels.ptx import ldsm_x4_trans, stsm_x4
 from snapmla_cute.pipelines import roles
 
@@ -85,6 +86,13 @@ class DecodeConfig:
 # the part's plan in shared memory: begin req, begin blk, end req, end blk, begin split,
 # then (first split row, splits) of the begin request and of the end request
 PLAN_WORDS = 16
+# A split waits at most this long (ns, %globaltimer) for the other splits' partials, then
+# traps (the launch fails with an error): a correct wait lasts at most one part's work.
+MERGE_WAIT_LIMIT_NS = 4_000_000_000
+# P' below this is treated as 0 (the block's σ_p is kept): against the running max such a
+# block is negligible, and 448/P'max would otherwise overflow (scores > ~100 log2 units
+# below the max made NaN).
+P_TINY = 2.0**-64
 COMBINE_DIMS = CONTENT_DIM // roles.NUM_CONSUMER_WGS // 32  # dims per lane when combining
 
 
@@ -853,7 +861,7 @@ class DecodeKernel:
                 sig_prev = 1.0
             inv = Float32(1.0) / sig_prev
             sig_cur = sig_prev
-            if p_max > 0.0:
+            if p_max > Float32(P_TINY):
                 inv = Float32(FP8_MAX) / p_max
                 sig_cur = p_max / Float32(FP8_MAX)
             for j in cutlass.range_constexpr(cols_per_thr):
@@ -932,8 +940,13 @@ class DecodeKernel:
             cute.arch.atomic_add(cnt_ptr, Int32(1), sem="release", scope="gpu")
         if split < n_splits - 1:
             if ctid == 0:
-                while cute.arch.load(cnt_ptr, Int32, sem="acquire", scope="gpu") < n_splits:
-                    pass
+                # bounded: a count that never arrives is a bug; fail the launch, never hang
+                t0 = cute.arch.globaltimer()
+                seen = cute.arch.load(cnt_ptr, Int32, sem="acquire", scope="gpu")
+                while seen < n_splits:
+                    if cute.arch.globaltimer() - t0 > MERGE_WAIT_LIMIT_NS:
+                        ptx.trap()
+                    seen = cute.arch.load(cnt_ptr, Int32, sem="acquire", scope="gpu")
             pair.arrive_and_wait()
             cute.arch.fence_acq_rel_gpu()  # every split's writes, after the count
             n_p = n_splits - 1

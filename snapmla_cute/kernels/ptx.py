@@ -37,3 +37,10 @@ def stsm_x4(smem_addr: Int32, r0: Int32, r1: Int32, r2: Int32, r3: Int32, *, loc
         loc=loc,
         ip=ip,
     )
+
+
+@dsl_user_op
+def trap(*, loc=None, ip=None):
+    """``trap;``: abort the kernel (the launch then fails with an error on the host)."""
+    llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
