@@ -37,6 +37,8 @@ HEAD_DIM = CONTENT_DIM + ROPE_DIM
 KV_ROW_BYTES = CONTENT_DIM + 2 * ROPE_DIM
 FP8_MAX = 448.0
 AMAX_FLOOR = 1e-6
+# P' below this counts as 0 in a block's σ_p (the decode kernel's ``P_TINY``, restated)
+P_TINY = 2.0**-64
 BLOCK_N = 64  # KV tokens per block: the PV tile along which P is quantized (§3.2.2 ii)
 LOG2E = math.log2(math.e)
 
@@ -368,8 +370,9 @@ def _decode_one(
         ell_cur = p.sum(dim=-1)
         p_fused = p * kq.v_scale[None, blk]  # line 6: P' = P·σ_k (V-scale fusion)
         p_max = p_fused.amax(dim=-1)
-        # line 7: σ_p = rowmax(P')/448; a row with nothing visible keeps its σ_p
-        has = p_max > 0
+        # line 7: σ_p = rowmax(P')/448; a row with nothing visible keeps its σ_p, and so
+        # does one whose P' is negligible (< P_TINY: 448/P'max would overflow, then γ)
+        has = p_max > P_TINY
         p_max_safe = torch.where(has, p_max, torch.ones_like(p_max))
         inv_p = torch.where(has, torch.full_like(p_max, FP8_MAX) / p_max_safe, 1.0 / sigma_p)
         sigma_cur = torch.where(has, p_max / torch.full_like(p_max, FP8_MAX), sigma_p)

@@ -168,6 +168,34 @@ def test_online_implicit_dequant_equals_the_closed_form(seed):
     torch.testing.assert_close(lse.double(), want_lse, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("softmax_scale", [1.0, 30.0, 300.0])
+def test_extreme_score_ranges_stay_finite_and_accurate(seed, softmax_scale):
+    """Scores spread over thousands of log2 units: blocks far below the running max have
+    P' in fp32's denormal range, where 448/rowmax(P') would overflow and γ turn O into
+    inf/NaN (scale 30 did, before P_TINY, with data seeds 1 and 2). Against float64 softmax
+    over the same quantized q and K (no P quantization) the error stays at P quantization's
+    level."""
+    for data_seed in (seed, 1, 2):
+        _extreme_case(data_seed, softmax_scale)
+
+
+def _extreme_case(seed, softmax_scale):
+    gen = torch.Generator().manual_seed(seed)
+    L = 256
+    k = (torch.randn(L, 576, generator=gen) / 10).bfloat16()
+    c, r, s = ref.quantize_rows(k)
+    kq = ref._QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
+    qc, qs = ref._quantize_q(torch.randn(4, 576, generator=gen).bfloat16(), ref.SNAPMLA)
+    s64 = (qc.double() @ kq.qk_codes.double().T) * qs.double()[:, None] * s.double()[None, :] * softmax_scale
+    want = torch.softmax(s64, -1) @ (kq.v_values.double() * s.double()[:, None])
+    for mma in ("hopper", "exact"):
+        out, lse = ref._decode_one(qc, qs, kq, torch.full((4,), L), softmax_scale, mma)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+        if mma == "exact":  # (the tensor core's QK adder moves scores by ~1e-3 relative)
+            assert ref.rel_l2(out, want) < 3e-2
+            torch.testing.assert_close(lse.double(), torch.logsumexp(s64, -1), rtol=0, atol=1e-4 * softmax_scale)
+
+
 @pytest.mark.parametrize("config", ["A", "B", "C", "D"])
 def test_table2_configs_run_and_stay_sane(seed, config):
     q, k_pages, _, bt, lens = _fp8_case(seed, nan_fill=False)
