@@ -227,3 +227,38 @@ def test_merge_never_reads_unwritten_partials(seed, h, s_q, ps, lens, causal):
         else:
             assert torch.equal(out, first[0]) and torch.equal(lse, first[1]), f"call {it} differs"
     assert torch.all(md.counters == 0)
+
+
+STUCK_MERGE = r"""
+import sys, time, torch
+sys.path.insert(0, "tests")
+from decode_cases import build_case
+from snapmla_cute import decode_metadata, mla_decode
+c = build_case(1, 1, 128, 64, [4096], seed=1)
+md = decode_metadata(c["cache_seqlens"], s_q=1, heads=128, num_parts=8)
+mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
+torch.cuda.synchronize()
+md.counters.fill_(-100)  # a count that can never reach the number of splits
+t0 = time.time()
+try:
+    mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
+    torch.cuda.synchronize()
+    print("COMPLETED")
+except Exception as e:
+    print(f"FAILED after {time.time() - t0:.1f} s: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+"""
+
+
+def test_stuck_merge_fails_the_launch_instead_of_hanging():
+    """Splits that wait for a count that never comes trap after MERGE_WAIT_LIMIT_NS (4 s):
+    the call raises a CUDA error instead of hanging the stream (child process: the error
+    ends its CUDA context)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", STUCK_MERGE], capture_output=True, text=True, timeout=240)
+    out = r.stdout + r.stderr
+    assert "COMPLETED" not in out, out[-2000:]
+    assert "FAILED after" in out, out[-2000:]
+    waited = float(out.split("FAILED after ")[1].split(" s")[0])
+    assert 3.0 <= waited <= 60.0, out[-2000:]

@@ -902,14 +902,21 @@ class DecodeKernel:
                 inv = Float32(1.0) / ell
                 lse = (row_max[i] + cute.math.log2(sigma_p[i] * ell, fastmath=False)) * Float32(LN2)
             if row < cfg.rows:
+                # the accumulator holds pairs of adjacent columns: one 4-byte (bf16) or
+                # 8-byte (fp32) store per pair instead of two scalar ones
                 for h in cutlass.range_constexpr(cfg.pv_splits):
-                    for j in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[1])):
+                    for j in cutlass.range_constexpr(0, cute.size(acc_o_mn[h], mode=[1]), 2):
                         col = (wg * cfg.pv_splits + h) * pv_n + c_o_mn[i, j][1]
-                        val = acc_o_mn[h][i, j] * inv
                         if n_splits == 1:
-                            m_out[row, col, req] = val.to(BFloat16)
+                            pair = cute.make_rmem_tensor((2,), BFloat16)
+                            pair[0] = (acc_o_mn[h][i, j] * inv).to(BFloat16)
+                            pair[1] = (acc_o_mn[h][i, j + 1] * inv).to(BFloat16)
+                            cute.autovec_copy(pair, cute.local_tile(m_out[row, None, req], (2,), (col // 2,)))
                         else:
-                            m_o_partial[row, col, split_row] = val
+                            pair = cute.make_rmem_tensor((2,), Float32)
+                            pair[0] = acc_o_mn[h][i, j] * inv
+                            pair[1] = acc_o_mn[h][i, j + 1] * inv
+                            cute.autovec_copy(pair, cute.local_tile(m_o_partial[row, None, split_row], (2,), (col // 2,)))
                 # a split's LSE is written by both WGs (the same value); the CTA counts
                 # its split only after both WGs' writes (finish_split)
                 if wg_tidx % 4 == 0:
