@@ -299,6 +299,20 @@ class _Tuning(dict):
         self._changed()
         return r
 
+    def popitem(self):
+        r = super().popitem()
+        self._changed()
+        return r
+
+    def setdefault(self, k, default=None):
+        r = super().setdefault(k, default)
+        self._changed()
+        return r
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
 
 _hot_steps: dict = {}  # (heads, s_q, page_size, causal, bf16 q) -> compiled decode step
 DECODE_TUNING = _Tuning()

@@ -42,3 +42,31 @@ def test_append_and_dequant_reject_cpu_and_types():
     with pytest.raises(ValueError, match="slots: expected 1 dims"):
         dequantize_kv(cache, slots[None])
     assert torch.equal(cache.kv, before)
+
+
+def test_every_tuning_change_drops_the_compiled_steps():
+    """DECODE_TUNING changes the compiled code: every way of mutating it must empty the hot
+    path's table, or a call would keep running the old kernel."""
+    import snapmla_cute.ops as ops
+
+    saved = dict(ops.DECODE_TUNING)
+    try:
+        mutations = [
+            lambda t: t.__setitem__("kv_stages", 3),
+            lambda t: t.update(kv_stages=4),
+            lambda t: t.setdefault("pv_temps", 1),
+            lambda t: t.__ior__({"qk_early": True}),
+            lambda t: t.pop("qk_early"),
+            lambda t: t.popitem(),
+            lambda t: t.__delitem__("kv_stages"),
+            lambda t: t.clear(),
+        ]
+        ops.DECODE_TUNING.update(kv_stages=4, pv_temps=1, qk_early=True)
+        for mutate in mutations:
+            ops._hot_steps["sentinel"] = object()
+            mutate(ops.DECODE_TUNING)
+            assert "sentinel" not in ops._hot_steps, mutate
+    finally:
+        ops.DECODE_TUNING.clear()
+        ops.DECODE_TUNING.update(saved)
+        ops._hot_steps.pop("sentinel", None)
