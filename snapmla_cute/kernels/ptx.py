@@ -1,24 +1,29 @@
 """Thin inline-PTX wrappers the DSL does not expose: ldmatrix.trans / stmatrix with explicit
-per-lane shared-memory addresses (32-bit shared window), used by the V transposition."""
+per-lane shared-memory addresses (32-bit shared window), used by the V transposition, and
+``trap``."""
 
 from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T as _T, dsl_user_op
 
 
+def _asm(result, operands, text, constraints, loc, ip):
+    """One volatile inline-asm statement (never reordered away or merged)."""
+    return llvm.inline_asm(
+        result, operands, text, constraints,
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+
+
 @dsl_user_op
 def ldsm_x4_trans(smem_addr: Int32, *, loc=None, ip=None):
     """``ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`` → four b32 registers."""
-    res = llvm.inline_asm(
+    res = _asm(
         llvm.StructType.get_literal([_T.i32(), _T.i32(), _T.i32(), _T.i32()]),
         [Int32(smem_addr).ir_value(loc=loc, ip=ip)],
         "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
         "=r,=r,=r,=r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
+        loc, ip,
     )
     return tuple(Int32(llvm.extractvalue(_T.i32(), res, [k], loc=loc, ip=ip)) for k in range(4))
 
@@ -26,21 +31,16 @@ def ldsm_x4_trans(smem_addr: Int32, *, loc=None, ip=None):
 @dsl_user_op
 def stsm_x4(smem_addr: Int32, r0: Int32, r1: Int32, r2: Int32, r3: Int32, *, loc=None, ip=None):
     """``stmatrix.sync.aligned.m8n8.x4.shared.b16 [addr], {r0..r3}``."""
-    llvm.inline_asm(
+    _asm(
         None,
         [Int32(x).ir_value(loc=loc, ip=ip) for x in (smem_addr, r0, r1, r2, r3)],
         "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};",
         "r,r,r,r,r,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
+        loc, ip,
     )
 
 
 @dsl_user_op
 def trap(*, loc=None, ip=None):
     """``trap;``: abort the kernel (the launch then fails with an error on the host)."""
-    llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    _asm(None, [], "trap;", "", loc, ip)
