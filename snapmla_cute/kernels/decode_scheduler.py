@@ -121,41 +121,38 @@ class DecodeSchedulerKernel:
             m_sched[p, 7] = 0
 
     @cute.jit
-    def unit_prefix(self, m_cache_seqlens, s_pre, s_warp, tidx, threads: cutlass.Constexpr):
-        """Step 1 by ``threads`` threads: S_r into ``s_pre[0..b]``; returns the total.
-        The caller syncs before reading ``s_pre``."""
-        ov = self.cfg.fixed_overhead_blocks
-        batch = m_cache_seqlens.shape[0]
+    def runs_prefix(self, count, batch, m_out, s_warp, tidx, threads: cutlass.Constexpr):
+        """Exclusive prefix sum of ``count(r)`` over the requests into ``m_out[0..b]`` (the
+        total last) by ``threads`` threads, each owning a contiguous run of requests;
+        returns the total."""
         per = (batch + threads - 1) // threads
         lo = cutlass.min(tidx * per, batch)
         hi = cutlass.min(lo + per, batch)
         mine = Int32(0)
         for r in cutlass.range(lo, hi, unroll=1):
-            mine += self.n_blocks(m_cache_seqlens[r]) + ov
+            mine += count(r)
         run, total = self.exclusive_scan(mine, s_warp, tidx, threads)
         for r in cutlass.range(lo, hi, unroll=1):
-            s_pre[r] = run
-            run += self.n_blocks(m_cache_seqlens[r]) + ov
+            m_out[r] = run
+            run += count(r)
         if tidx == 0:
-            s_pre[batch] = total
+            m_out[batch] = total
         return total
+
+    @cute.jit
+    def unit_prefix(self, m_cache_seqlens, s_pre, s_warp, tidx, threads: cutlass.Constexpr):
+        """Step 1 by ``threads`` threads: S_r into ``s_pre[0..b]``; returns the total.
+        The caller syncs before reading ``s_pre``."""
+        ov = self.cfg.fixed_overhead_blocks
+        return self.runs_prefix(
+            lambda r: self.n_blocks(m_cache_seqlens[r]) + ov, m_cache_seqlens.shape[0], s_pre, s_warp, tidx, threads
+        )
 
     @cute.jit
     def split_prefix(self, s_pre, batch, width, m_out, s_warp, tidx, threads: cutlass.Constexpr):
         """Step 2 by ``threads`` threads: split offsets of every request into ``m_out[0..b]``
         (shared or global memory)."""
-        per = (batch + threads - 1) // threads
-        lo = cutlass.min(tidx * per, batch)
-        hi = cutlass.min(lo + per, batch)
-        mine = Int32(0)
-        for r in cutlass.range(lo, hi, unroll=1):
-            mine += self.n_splits(s_pre, r, width)
-        run, total_splits = self.exclusive_scan(mine, s_warp, tidx, threads)
-        for r in cutlass.range(lo, hi, unroll=1):
-            m_out[r] = run
-            run += self.n_splits(s_pre, r, width)
-        if tidx == 0:
-            m_out[batch] = total_splits
+        self.runs_prefix(lambda r: self.n_splits(s_pre, r, width), batch, m_out, s_warp, tidx, threads)
 
     @cute.jit
     def part_plan(self, s_pre, batch, total, width, p):
