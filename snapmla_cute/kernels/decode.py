@@ -93,7 +93,6 @@ MERGE_WAIT_LIMIT_NS = 4_000_000_000
 # block is negligible, and 448/P'max would otherwise overflow (scores > ~100 log2 units
 # below the max made NaN).
 P_TINY = 2.0**-64
-COMBINE_DIMS = CONTENT_DIM // roles.NUM_CONSUMER_WGS // 32  # dims per lane when combining
 
 
 class DecodeKernel:
@@ -646,8 +645,8 @@ class DecodeKernel:
         Within a request the WGs own alternate blocks. For each owned block j this WG: waits
         its QK (issued two blocks earlier), transposes V_j in place, waits for the other WG's
         state of block j-1, runs the softmax of block j and publishes P_j and its state, then
-        runs PV of block j-1 (P from shared memory) and of block j (P from registers), and
-        finally issues QK of block j+2. The chain between the WGs is softmax → state →
+        runs PV of block j-1 and of block j (both with P from shared memory), and finally
+        issues QK of block j+2. The chain between the WGs is softmax → state →
         softmax; QK, transposition and PV of one WG overlap the other's softmax."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
