@@ -1,5 +1,6 @@
 """GPU: decode time with one stage left out at a time (results are wrong on purpose), to
-place the time inside the kernel without counters (METHOD.md), plus the step's parts.
+place the time inside the kernel without counters (METHOD.md), plus the separate
+scheduler kernel (`DecodeMetadata.update`; not part of a step, which plans in-kernel).
 
     python3 profiles/experiments/stage_times.py
 """
@@ -21,7 +22,7 @@ def main():
             rows.append((sh.name, "+".join(skip) or "full", time_us(step)))
             print(rows[-1], flush=True)
         ops.DECODE_TUNING.clear()
-        rows.append((sh.name, "scheduler only", time_us(lambda: md.update(lens))))
+        rows.append((sh.name, "scheduler kernel (not in the step)", time_us(lambda: md.update(lens))))
         print(rows[-1], flush=True)
     print(f"{'shape':28s} {'left out':36s} {'us':>8s}")
     for r in rows:
