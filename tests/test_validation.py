@@ -1,4 +1,5 @@
-"""Bad input is rejected before any launch, with what/expected/got (CPU: no GPU needed)."""
+"""Bad input is rejected before any launch, with what/expected/got; and every change of
+the decode tuning drops the compiled steps. CPU: no GPU needed."""
 
 import pytest
 import torch
