@@ -368,17 +368,13 @@ def mla_decode(
     """
     if not check and metadata is not None and out is not None and lse is not None:
         try:
-            bf16_q = type(q) is not tuple
+            bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale)
             fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q)]
-            head = (q, *metadata.q_args) if bf16_q else q
         except (KeyError, AttributeError, TypeError):
             fn = None  # first call of this shape, or bad arguments: the full path below
         if fn is not None:
             try:
-                fn(
-                    *head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args,
-                    _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E,
-                )
+                fn(*args)
             except Exception:
                 _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse)
                 raise  # the Python checks found nothing: the compiled call's own error stands
@@ -478,16 +474,24 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
     return b, s_q, h, q_dev
 
 
+def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale):
+    """``(bf16 q?, the compiled step's arguments)``, no checks (the hot path and
+    ``_step_call``). ``q`` is the quantized tuple, or a bf16 tensor that the step quantizes
+    into the metadata's query buffers. Every tensor goes in its own layout: the step builds
+    its views."""
+    if isinstance(q, (tuple, list)):
+        bf16_q, head = False, tuple(q)
+    else:
+        bf16_q, head = True, (q, *metadata.q_args)
+    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
+    return bf16_q, (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale)
+
+
 def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal):
     """The compiled decode step and its argument tuple (no checks; the bench times the bare
-    call with it). ``q`` is the quantized tuple, or a bf16 tensor quantized by the step into
-    the metadata's query buffers. Every tensor goes in its own layout: the step builds its
-    views."""
-    bf16_q = not isinstance(q, (tuple, list))
-    head = (q, *metadata.q_args) if bf16_q else tuple(q)
-    b, s_q, h, _ = (q if bf16_q else q[0]).shape
-    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else float(softmax_scale) * _LOG2E
-    args = (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale)
+    call with it)."""
+    bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale)
+    _, s_q, h, _ = args[0].shape
     return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q), args
 
 

@@ -1,5 +1,6 @@
-"""Bad input is rejected before any launch, with what/expected/got; and every change of
-the decode tuning drops the compiled steps. CPU: no GPU needed."""
+"""Bad input is rejected before any launch, with what/expected/got; and the host-side
+plumbing of a decode call (every tuning change drops the compiled steps; the step's
+arguments). CPU: no GPU needed."""
 
 import pytest
 import torch
@@ -71,3 +72,29 @@ def test_every_tuning_change_drops_the_compiled_steps():
         ops.DECODE_TUNING.clear()
         ops.DECODE_TUNING.update(saved)
         ops._hot_steps.pop("sentinel", None)
+
+
+def test_step_arguments_one_builder_for_every_path():
+    """The hot path and the full path build the compiled step's arguments with one helper:
+    a quantized q as a tuple or a list gives the same call, a bf16 q goes with the
+    metadata's query buffers, and the softmax scale arrives in the log2 domain."""
+    import math
+    from types import SimpleNamespace
+
+    import snapmla_cute.ops as ops
+
+    t = [torch.zeros(1) for _ in range(10)]
+    cache = SimpleNamespace(step_args=(t[0], t[1]), page_size=64)
+    md = SimpleNamespace(q_args=(t[2], t[3], t[4]), step_args=(t[5], t[6]))
+    qq = (t[7], t[8], t[9])
+    bt, lens, out, lse = (torch.zeros(1) for _ in range(4))
+    a = ops._step_args(qq, cache, bt, lens, md, out, lse, None)
+    b = ops._step_args(list(qq), cache, bt, lens, md, out, lse, None)
+    assert a[0] is False and b[0] is False and len(a[1]) == len(b[1]) == 12
+    assert all(x is y for x, y in zip(a[1], b[1]))
+    assert a[1][:7] == (*qq, bt, lens, out, lse) and a[1][7:11] == (t[0], t[1], t[5], t[6])
+    assert a[1][11] == pytest.approx(576**-0.5 * math.log2(math.e))
+    q = torch.zeros(1)
+    bf16_q, args = ops._step_args(q, cache, bt, lens, md, out, lse, 0.1)
+    assert bf16_q is True and args[0] is q and args[1:4] == (t[2], t[3], t[4])
+    assert args[-1] == pytest.approx(0.1 * math.log2(math.e))
