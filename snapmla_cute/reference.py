@@ -351,11 +351,12 @@ def _decode_one(
         acc = tensor_core_mma(q_codes[:, CONTENT_DIM:], kq.qk_codes[:, CONTENT_DIM:], acc, kind="bf16")
     else:
         acc = q_codes @ kq.qk_codes.T  # [R, L]
-    s2 = acc * q_scale[:, None] * kq.qk_scale[None, :] * torch.tensor(
-        softmax_scale * LOG2E, dtype=torch.float32
-    )
+    # the kernel's order: t = acc·σ_k, s = t·(σ_q·scale·log2e); the block max of s is taken
+    # as q_fac·max(t) (equal: rounding is monotone) and 2^(s - m) as one fma of t
+    q_fac = q_scale * torch.tensor(softmax_scale * LOG2E, dtype=torch.float32)
+    t2 = acc * kq.qk_scale[None, :]
     col = torch.arange(L, device=dev)
-    s2 = torch.where(col[None, :] < vis[:, None], s2, torch.tensor(-math.inf, device=dev))
+    t2 = torch.where(col[None, :] < vis[:, None], t2, torch.tensor(-math.inf, device=dev))
 
     m = torch.full((R,), -math.inf, dtype=torch.float32, device=dev)  # running max (log2)
     ell = torch.zeros(R, dtype=torch.float32, device=dev)  # Σ P, in units of 1/σ_p
@@ -363,10 +364,11 @@ def _decode_one(
     sigma_p = torch.ones(R, dtype=torch.float32, device=dev)
     for j0 in range(0, L, BLOCK_N):
         blk = slice(j0, min(L, j0 + BLOCK_N))
-        s_blk = s2[:, blk]
-        m_new = torch.maximum(m, s_blk.amax(dim=-1))
+        t_blk = t2[:, blk]
+        m_new = torch.maximum(m, t_blk.amax(dim=-1) * q_fac)
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp2(s_blk - m_safe[:, None])  # Alg. 1 line 5 (masked → 0)
+        # Alg. 1 line 5 (masked → 0); fma: the product is exact in float64, one rounding
+        p = torch.exp2((t_blk.double() * q_fac.double()[:, None] - m_safe.double()[:, None]).float())
         ell_cur = p.sum(dim=-1)
         p_fused = p * kq.v_scale[None, blk]  # line 6: P' = P·σ_k (V-scale fusion)
         p_max = p_fused.amax(dim=-1)

@@ -66,6 +66,9 @@ class DecodeConfig:
     # faster on b128 h128 s_k4096, but causal s_q>1 variants then spill)
     pv_temps: int = 1
     qk_early: bool = True  # issue QK of block j+2 right after PV(j) instead of when j+2 starts
+    # whole blocks (every block but a request's last) skip the per-element masking of the
+    # softmax and the transposition; False sends every block through the masked code (A/B)
+    whole_blocks: bool = True
     # Profiling only (wrong results): stages left out to time the rest, e.g. ("transpose",).
     # METHOD.md's "time variants that leave one stage out"; never set by the library.
     skip: tuple = ()
@@ -546,9 +549,9 @@ class DecodeKernel:
             gamma_o[i] = s_state[lr, 3, slot]
 
     @cute.jit
-    def transpose_v(self, kv_addr: Int32, stage, valid_tokens, sync, wg_tidx):
-        """Content tile → Vᵀ in place with ldmatrix.trans → prmt → stmatrix, zeroing tokens
-        ≥ valid (``layouts.transpose``: the lane maps, their step constants and a byte-exact
+    def transpose_v(self, kv_addr: Int32, stage, valid_tokens, sync, wg_tidx, masked: cutlass.Constexpr):
+        """Content tile → Vᵀ in place with ldmatrix.trans → prmt → stmatrix; ``masked`` (a
+        request's last block) zeroes tokens ≥ valid (``layouts.transpose``: the lane maps, their step constants and a byte-exact
         CPU replay of this program). One warpgroup barrier per 8 KiB chunk, between its
         loads and its stores; both sides are bank-conflict free."""
         warp = wg_tidx // 32
@@ -580,13 +583,22 @@ class DecodeKernel:
             for kk in cutlass.range_constexpr(per_chunk):
                 k = c * per_chunk + kk
                 r0, r1, r2, r3 = regs[kk]
-                stsm_x4(
-                    dst0 + T.DST_ADD[k],
-                    Int32(Uint32(cute.arch.prmt(r0, r1, sel0)) & keep_lo),
-                    Int32(Uint32(cute.arch.prmt(r0, r1, sel1)) & keep_lo),
-                    Int32(Uint32(cute.arch.prmt(r2, r3, sel0)) & keep_hi),
-                    Int32(Uint32(cute.arch.prmt(r2, r3, sel1)) & keep_hi),
-                )
+                if cutlass.const_expr(masked):
+                    stsm_x4(
+                        dst0 + T.DST_ADD[k],
+                        Int32(Uint32(cute.arch.prmt(r0, r1, sel0)) & keep_lo),
+                        Int32(Uint32(cute.arch.prmt(r0, r1, sel1)) & keep_lo),
+                        Int32(Uint32(cute.arch.prmt(r2, r3, sel0)) & keep_hi),
+                        Int32(Uint32(cute.arch.prmt(r2, r3, sel1)) & keep_hi),
+                    )
+                else:
+                    stsm_x4(
+                        dst0 + T.DST_ADD[k],
+                        cute.arch.prmt(r0, r1, sel0),
+                        cute.arch.prmt(r0, r1, sel1),
+                        cute.arch.prmt(r2, r3, sel0),
+                        cute.arch.prmt(r2, r3, sel1),
+                    )
 
     @cute.jit
     def kv_state(self, g):
@@ -714,10 +726,10 @@ class DecodeKernel:
                 row_max[i] = -Float32.inf
                 row_sum[i] = 0.0
                 sigma_p[i] = 1.0
-                q_fac[i] = 1.0
+                q_fac[i] = scale_log2
                 n_vis[i] = seqlen
                 if row < cfg.rows:
-                    q_fac[i] = m_q_scale[row, req]
+                    q_fac[i] = m_q_scale[row, req] * scale_log2  # σ_q·scale·log2e, once per row
                     if cutlass.const_expr(cfg.causal):
                         n_vis[i] = seqlen - cfg.s_q + row // cfg.heads + 1
             for h in cutlass.range_constexpr(cfg.pv_splits):
@@ -739,14 +751,23 @@ class DecodeKernel:
                     self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, stage)
                 warpgroup.wait_group(0)
                 # ---- V transposition in place (tokens past the sequence zeroed), then the
-                # other WG's state of block j-1
+                # other WG's state of block j-1. Every block but a request's last is whole
+                # (all 64 tokens valid, and visible to every row): no masking code there.
+                valid = seqlen - blk * L.BLOCK_N
+                whole = L.BLOCK_N if cfg.whole_blocks else 1 << 30
                 if cutlass.const_expr("transpose" not in cfg.skip):
-                    self.transpose_v(kv_addr, stage, seqlen - blk * L.BLOCK_N, wg_sync, wg_tidx)
+                    if valid >= whole:
+                        self.transpose_v(kv_addr, stage, valid, wg_sync, wg_tidx, False)
+                    else:
+                        self.transpose_v(kv_addr, stage, valid, wg_sync, wg_tidx, True)
                 if j >= 1:
                     self.wait_state(s_state, c_s_mn, 1 - slot, row_max, sigma_p, row_sum, gamma_o)
                 # ---- softmax with V-scale fusion and block-wise P quantization
                 if cutlass.const_expr("softmax" not in cfg.skip):
-                    self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, seqlen - blk * L.BLOCK_N, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2)
+                    if valid - (cfg.s_q - 1 if cfg.causal else 0) >= whole:
+                        self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, False)
+                    else:
+                        self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, True)
                 t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
                 # ---- publish P, state and Vᵀ to the other WG
                 if g >= 2:
@@ -815,40 +836,51 @@ class DecodeKernel:
                 )
 
     @cute.jit
-    def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, scale_log2):
+    def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, masked: cutlass.Constexpr):
         """Alg. 1 lines 4-9 for this thread's rows: scores in the log2 domain, P = 2^(s-m),
         P' = P·σ_k, σ_p = rowmax(P')/448, P'/σ_p left in ``acc_s_mn`` for the e4m3 cast;
-        updates (m, σ_p, ℓ) and this block's γ."""
+        updates (m, σ_p, ℓ) and this block's γ. ``q_fac``: σ_q·scale·log2e per row.
+
+        s = t·q_fac with t = acc·σ_k: the row max is q_fac·max(t) (rounding is monotone, so
+        bit-equal to the max of the rounded s) and 2^(s-m) takes t·q_fac - m as one FFMA.
+        ``masked`` (a request's last block, or causal rows): columns past a row's visible
+        length get t = -inf and σ_k = 0; whole blocks skip both tests."""
         cfg = self.cfg
         rows_per_thr = cute.size(c_s_mn, mode=[0])
         cols_per_thr = cute.size(c_s_mn, mode=[1])
-        # σ_k of this thread's columns, 0 past the sequence (those slots may hold NaN; their
-        # P is 0, and 0·0 keeps P' clean without a per-element test)
+        # σ_k of this thread's columns; in a masked block 0 past the sequence (those slots
+        # may hold NaN; their P is 0, and 0·0 keeps P' clean without a per-element test)
         ks = cute.make_rmem_tensor((cols_per_thr,), Float32)
         for j in cutlass.range_constexpr(cols_per_thr):
-            ks[j] = 0.0
-            if c_s_mn[0, j][1] < valid:
-                ks[j] = s_ks[c_s_mn[0, j][1] % cfg.box_rows, c_s_mn[0, j][1] // cfg.box_rows, stage]
+            c = c_s_mn[0, j][1]
+            if cutlass.const_expr(masked):
+                ks[j] = 0.0
+                if c < valid:
+                    ks[j] = s_ks[c % cfg.box_rows, c // cfg.box_rows, stage]
+            else:
+                ks[j] = s_ks[c % cfg.box_rows, c // cfg.box_rows, stage]
         for i in cutlass.range_constexpr(rows_per_thr):
             m_prev = row_max[i]
             if first_blk:
                 m_prev = -Float32.inf
-            m_new = m_prev
+            lim = n_vis[i] - blk * L.BLOCK_N  # visible columns of this row in the block
+            t_max = -Float32.inf
             for j in cutlass.range_constexpr(cols_per_thr):
-                col = blk * L.BLOCK_N + c_s_mn[i, j][1]
-                s = acc_s_mn[i, j] * q_fac[i] * ks[j] * scale_log2
-                if col >= n_vis[i]:
-                    s = -Float32.inf
-                acc_s_mn[i, j] = s
-                m_new = cute.arch.fmax(m_new, s)
-            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+                t = acc_s_mn[i, j] * ks[j]
+                if cutlass.const_expr(masked):
+                    if c_s_mn[i, j][1] >= lim:
+                        t = -Float32.inf
+                acc_s_mn[i, j] = t
+                t_max = cute.arch.fmax(t_max, t)
+            t_max = cute.arch.warp_reduction_max(t_max, threads_in_group=4)
+            m_new = cute.arch.fmax(m_prev, t_max * q_fac[i])
             m_safe = m_new
             if m_new == -Float32.inf:
                 m_safe = 0.0
             sum_cur = Float32(0.0)
             p_max = Float32(0.0)
             for j in cutlass.range_constexpr(cols_per_thr):
-                p = cute.math.exp2(acc_s_mn[i, j] - m_safe, fastmath=True)
+                p = cute.math.exp2(acc_s_mn[i, j] * q_fac[i] - m_safe, fastmath=True)  # one FFMA
                 sum_cur += p
                 pf = p * ks[j]  # P' = P·σ_k
                 acc_s_mn[i, j] = pf
