@@ -1,0 +1,52 @@
+"""Runs the GPU tests as N pytest processes over disjoint shards (the device machine has 16
+cores, and a cold compile cache costs ~9 s per decode variant in one process; the processes
+share the disk cache). GPU work itself is time-sliced between the processes.
+
+    python3 tests/gpu_shards.py -n 4 [-k EXPR] [--log-dir DIR]
+
+Prints each shard's summary line; exits non-zero if any shard failed.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=4)
+    ap.add_argument("-k", default=None)
+    ap.add_argument("--log-dir", default=".")
+    ap.add_argument("paths", nargs="*", default=["tests"])
+    a = ap.parse_args()
+    sel = ["-m", "gpu"] + (["-k", a.k] if a.k else [])
+    ids = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *sel, *a.paths],
+        capture_output=True, text=True, check=True,
+    ).stdout.split("\n")
+    ids = [i for i in ids if "::" in i]
+    # consecutive ids share compiled variants: deal them out in runs, not round-robin
+    per = (len(ids) + a.n - 1) // a.n
+    shards = [ids[i * per : (i + 1) * per] for i in range(a.n)]
+    os.makedirs(a.log_dir, exist_ok=True)
+    t0 = time.time()
+    procs = []
+    for i, shard in enumerate(shards):
+        if not shard:
+            continue
+        log = open(os.path.join(a.log_dir, f"gpu_shard{i}.log"), "w")
+        procs.append((i, log, subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *shard], stdout=log, stderr=subprocess.STDOUT)))
+    rc = 0
+    for i, log, p in procs:
+        rc |= p.wait()
+        log.close()
+        tail = open(log.name).read().strip().split("\n")[-1]
+        print(f"shard {i}: {tail}")
+    print(f"{len(ids)} GPU tests in {len(procs)} shards, {time.time() - t0:.0f} s, rc {rc}")
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
