@@ -82,6 +82,14 @@ def _profile(args):
         with open(os.path.join(args.out, f"decode_{key}.txt"), "w") as f:
             f.write(f"{profiling.SHAPES[key].name}\n{text}\n")
         print(text, flush=True)
+        # per-SASS-instruction stall samples (the SourceCounters section), for reading
+        # where the warps wait; large, so it stays next to the report, out of git
+        try:
+            sass_csv = profiling.source_csv(report + ".ncu-rep", ncu)
+            with open(os.path.join(args.out, f"decode_{key}_sass.csv"), "w") as f:
+                f.write(sass_csv)
+        except subprocess.CalledProcessError as e:
+            print(f"no per-instruction page ({e})", flush=True)
     return 0
 
 

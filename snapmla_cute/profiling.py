@@ -63,7 +63,10 @@ def make_case(shape: Shape) -> dict:
     b, h, s_q, L, ps = shape.batch, shape.heads, shape.s_q, shape.seqlen, shape.page_size
     n = (L + ps - 1) // ps
     c = dict(cache=FP8KVCache.allocate(b * n, ps, device="cuda"))
-    c["cache"].kv.random_(0, 100)  # finite e4m3 codes and small finite bf16 RoPE
+    c["cache"].kv.random_(0, 100)  # finite e4m3 codes (bytes < 0x7f: |x| < 448, no NaN)
+    # small bf16 RoPE (random bytes would make the high byte an exponent near 2^73)
+    rope = (torch.randn(b * n, ps, 64, device="cuda") / 10).to(torch.bfloat16)
+    c["cache"].kv[:, :, 512:] = rope.view(torch.uint8).view(b * n, ps, 128)
     c["cache"].kv_scale.fill_(1e-2)
     c["block_table"] = torch.randperm(b * n, device="cuda", dtype=torch.int32).view(b, n)
     c["seqlens"] = torch.full((b,), L, dtype=torch.int32, device="cuda")
@@ -125,6 +128,15 @@ def _csv(ncu: str, report: str, page: str) -> list[dict]:
     ).stdout
     start = text.find('"ID"')
     return list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
+
+
+def source_csv(report: str, ncu: str = "ncu") -> str:
+    """The report's source page at SASS level as CSV: one row per instruction with its
+    executed count and warp-stall samples."""
+    return subprocess.run(
+        [ncu, "--import", report, "--page", "source", "--csv", "--print-source", "sass"],
+        check=True, capture_output=True, text=True,
+    ).stdout
 
 
 def _short(name: str) -> str:
