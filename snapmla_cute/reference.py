@@ -377,7 +377,8 @@ def _decode_one(
         has = p_max > P_TINY
         p_max_safe = torch.where(has, p_max, torch.ones_like(p_max))
         inv_p = torch.where(has, torch.full_like(p_max, FP8_MAX) / p_max_safe, 1.0 / sigma_p)
-        sigma_cur = torch.where(has, p_max / torch.full_like(p_max, FP8_MAX), sigma_p)
+        # σ_p = P'max · fp32(1/448): the kernel's multiply (not a division)
+        sigma_cur = torch.where(has, p_max * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32), sigma_p)
         p_q = to_e4m3(p_fused * inv_p[:, None]).float()
         ell_cur = ell_cur * inv_p  # line 8: ℓ_cur / σ_p_cur
         gamma = torch.exp2(m - m_safe) * sigma_p * inv_p  # line 9: exp(m - m_new)·σ_p/σ_p_cur

@@ -96,6 +96,9 @@ MERGE_WAIT_LIMIT_NS = 4_000_000_000
 # block is negligible, and 448/P'max would otherwise overflow (scores > ~100 log2 units
 # below the max made NaN).
 P_TINY = 2.0**-64
+# σ_p = rowmax(P')·fp32(1/448) (a multiply, not a second IEEE division per row; the
+# emulation uses the same constant)
+INV_FP8_MAX = 1.0 / FP8_MAX
 
 
 class DecodeKernel:
@@ -600,13 +603,25 @@ class DecodeKernel:
                         cute.arch.prmt(r2, r3, sel1),
                     )
 
+    def stage_of(self, g):
+        """g mod kv_stages for a block count g ≥ 0: a mask when the stage count is a power of
+        two (Int32 % and // compile to signed-division fix-ups, per use, in the hot loop)."""
+        S = self.cfg.kv_stages
+        if S & (S - 1) == 0:
+            return g & (S - 1)
+        return g % S
+
     @cute.jit
     def kv_state(self, g):
         """Pipeline state of the g-th KV block this CTA consumes (stage g % S, phase (g / S) % 2):
         each consumer WG waits the stages in order but holds up to three at once, so the
         states are computed instead of carried."""
         S = self.cfg.kv_stages
-        return pipeline.PipelineState(S, g, g % S, (g // S) % 2)
+        if cutlass.const_expr(S & (S - 1) == 0):
+            phase = (g >> (S.bit_length() - 1)) & 1
+        else:
+            phase = (g // S) % 2
+        return pipeline.PipelineState(S, g, self.stage_of(g), phase)
 
     @cute.jit
     def issue_qk(self, qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, stage):
@@ -735,17 +750,17 @@ class DecodeKernel:
             for h in cutlass.range_constexpr(cfg.pv_splits):
                 acc_o[h].fill(0.0)
             hq = q_cons.wait_and_advance()
-            first = (wg + k0) % 2  # my first block in this request (blocks alternate owners)
+            first = (wg + k0) & 1  # my first block in this request (blocks alternate owners)
             if first == 1 and n >= 1:
                 kv_pipe.consumer_wait(self.kv_state(k0))
             if first < n:
                 kv_pipe.consumer_wait(self.kv_state(k0 + first))
                 if cutlass.const_expr(cfg.qk_early):
-                    self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, (k0 + first) % cfg.kv_stages)
+                    self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, self.stage_of(k0 + first))
             for j in cutlass.range(first, n, 2, unroll=1):
                 g = k0 + j
-                stage = g % cfg.kv_stages
-                slot = g % 2
+                stage = self.stage_of(g)
+                slot = g & 1
                 blk = blk_lo + j
                 if cutlass.const_expr(not cfg.qk_early):
                     self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, stage)
@@ -788,7 +803,7 @@ class DecodeKernel:
                     if cutlass.const_expr("pv" not in cfg.skip):
                         self.pv_blocks(
                             pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
-                            [((g - 1) % cfg.kv_stages, gamma_o, 1 - slot), (stage, gamma, slot)],
+                            [(self.stage_of(g - 1), gamma_o, 1 - slot), (stage, gamma, slot)],
                         )
                     self.pair_barrier(roles.BARRIERS.pfree, 1 - slot).arrive()
                     kv_pipe.consumer_release(self.kv_state(g - 1))
@@ -802,14 +817,14 @@ class DecodeKernel:
                 if j + 2 < n:
                     kv_pipe.consumer_wait(self.kv_state(g + 2))
                     if cutlass.const_expr(cfg.qk_early):
-                        self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, (g + 2) % cfg.kv_stages)
+                        self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, self.stage_of(g + 2))
             warpgroup.wait_group(0)  # nothing is in flight here; tells ptxas acc_s is free
             # the other WG's last block comes after my last one
-            if n >= 1 and (k0 + n - 1) % 2 != wg:
+            if n >= 1 and (k0 + n - 1) & 1 != wg:
                 g = k0 + n - 1
-                slot = g % 2
+                slot = g & 1
                 self.wait_state(s_state, c_s_mn, slot, row_max, sigma_p, row_sum, gamma_o)
-                self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(g % cfg.kv_stages, gamma_o, slot)])
+                self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(self.stage_of(g), gamma_o, slot)])
                 self.pair_barrier(roles.BARRIERS.pfree, slot).arrive()
                 kv_pipe.consumer_release(self.kv_state(g))
             k_global = k0 + n
@@ -890,11 +905,13 @@ class DecodeKernel:
             sig_prev = sigma_p[i]
             if first_blk:
                 sig_prev = 1.0
-            inv = Float32(1.0) / sig_prev
+            inv = Float32(1.0)
             sig_cur = sig_prev
             if p_max > Float32(P_TINY):
                 inv = Float32(FP8_MAX) / p_max
-                sig_cur = p_max / Float32(FP8_MAX)
+                sig_cur = p_max * Float32(INV_FP8_MAX)  # one FMUL: σ_p's definition
+            else:
+                inv = Float32(1.0) / sig_prev
             for j in cutlass.range_constexpr(cols_per_thr):
                 acc_s_mn[i, j] = acc_s_mn[i, j] * inv
             g = Float32(0.0)
