@@ -1,29 +1,42 @@
 """Warp roles, register budgets and barrier ids of the decode kernel.
 
-One CTA = 3 warpgroups (384 threads):
+One CTA = 4 warpgroups (512 threads; ``DecodeConfig.transposer``, the default):
 
 * WG0 — producer. ``setmaxnreg`` down to 24; warp 0 issues every TMA load (Q once per
   request segment, then per 64-token KV block: e4m3 content, bf16 RoPE, fp32 scales).
-* WG1, WG2 — consumers. ``setmaxnreg`` up to 240; consumer ``w`` owns output dims
-  ``[256 w, 256 w + 256)``. They own alternate KV blocks (App. C Algorithm 1). For its
-  block j a consumer waits for its QK (issued after its PV of block j-2), transposes V_j
-  in place, waits for the other consumer's softmax state of block j-1, runs the softmax,
-  publishes P_j and its state, then runs its half of PV for block j-1 and block j, in
-  block order (App. C order enforcement: the accumulator's scale only moves forward), and
-  issues QK of block j+2.
+* WG1 — transposer. ``setmaxnreg`` down to 40; rewrites each KV block's content as Vᵀ in
+  place once the block's owner has finished reading it as K (its QK), zeroing tokens past
+  the sequence. Handshakes per KV stage, as mbarriers (a waiter may be any number of
+  blocks behind): ``qk_done`` (the owner WG's 128 threads arrive after its QK wait; thread
+  0 first leaves the block's valid token count in shared memory) and ``vt_ready`` (the
+  transposer's 128 threads arrive after their stores and a proxy fence).
+* WG2, WG3 — consumers. ``setmaxnreg`` up to 224 (128·(24 + 40) + 256·224 = 65536);
+  consumer ``w`` owns output dims ``[256 w, 256 w + 256)``. They own alternate KV blocks
+  (App. C Algorithm 1). For its block j a consumer waits for its QK (issued after its PV
+  of block j-2), signals ``qk_done``, waits for the other consumer's softmax state of block
+  j-1, runs the softmax, publishes P_j and its state, then (after ``vt_ready`` of both
+  blocks) runs its half of PV for block j-1 and block j, in block order (App. C order
+  enforcement: the accumulator's scale only moves forward), and issues QK of block j+2.
+
+Without the transposer (``transposer=False``): 3 warpgroups (384 threads), consumers WG1
+and WG2 at 240 registers, each transposing its own blocks in place between its QK wait
+and the softmax (``WG_SYNC`` between the load and store phases of each 8 KiB chunk).
 
 Named barriers (hardware ids 1..15; 0 is ``__syncthreads``) between the two consumer WGs
 (256 threads each; one side arrives, the other waits, so no side can run two generations
 ahead — the reverse barrier bounds it):
 
-* ``STATE[s]`` — the owner of block ``k`` (``s = k % 2``) published P_k in ``sP[s]``, its
-  softmax state (m, σ_p, ℓ, γ) in slot ``s`` and Vᵀ_k; the other WG waits.
+* ``STATE[s]`` — the owner of block ``k`` (``s = k % 2``) published P_k in ``sP[s]`` and its
+  softmax state (m, σ_p, ℓ, γ) in slot ``s`` (and, without the transposer, Vᵀ_k); the
+  other WG waits.
 * ``PFREE[s]`` — the other WG finished its PV GEMM with ``sP[s]``; the owner of block
   ``k + 2`` waits before overwriting it.
-* ``WG_SYNC[w]`` — consumer ``w``'s own 128 threads (in-place transpose phases, making its
-  shared-memory writes visible to its WGMMAs).
+* ``WG_SYNC[w]`` — consumer ``w``'s own 128 threads (P stores visible to its WGMMAs; the
+  in-place transpose phases without the transposer).
 * ``PAIR_SYNC`` — both consumer WGs (256 threads) after a split request's epilogue: the
   CTA counts its split once, and the splits that merge use the KV stages as scratch.
+* ``TRANSPOSER_SYNC`` — the transposer's 128 threads, between the load and store phases
+  of each 8 KiB chunk of the in-place transposition.
 """
 
 from dataclasses import dataclass
@@ -33,6 +46,25 @@ NUM_CONSUMER_WGS = 2
 THREADS = THREADS_PER_WG * (1 + NUM_CONSUMER_WGS)
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
+# with the transposer warpgroup: 128·(24 + 40) + 256·224 = 65536 registers
+TRANSPOSER_REGS = 40
+CONSUMER_REGS_WITH_TRANSPOSER = 224
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Warpgroups of one CTA: the transposer's index (or None) and the first consumer's."""
+
+    threads: int
+    transposer_wg: int | None
+    first_consumer_wg: int
+    consumer_regs: int
+
+
+def layout(transposer: bool) -> Layout:
+    if transposer:
+        return Layout(THREADS_PER_WG * (2 + NUM_CONSUMER_WGS), 1, 2, CONSUMER_REGS_WITH_TRANSPOSER)
+    return Layout(THREADS, None, 1, CONSUMER_REGS)
 
 
 @dataclass(frozen=True)
@@ -41,6 +73,7 @@ class BarrierIds:
     state: tuple = (3, 4)
     pfree: tuple = (5, 6)
     pair_sync: int = 7
+    transposer_sync: int = 8
 
 
 BARRIERS = BarrierIds()

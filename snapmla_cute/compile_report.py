@@ -25,7 +25,10 @@ def decode_variants(full: bool = True) -> list:
         shapes = [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 32, True), (32, 3, 128, False)]
     else:
         shapes = list(itertools.product(HEADS, range(1, MAX_S_Q + 1), PAGE_SIZES, (False, True)))
-    return [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
+    out = [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
+    # the non-default layout (no transposer warpgroup) at the quick shapes
+    quick = [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 32, True), (32, 3, 128, False)]
+    return out + [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, transposer=False) for h, s, p, c in quick]
 
 
 def all_variants(full: bool = True) -> list[tuple[str, object]]:

@@ -19,6 +19,7 @@ def main():
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("-k", default=None)
     ap.add_argument("--log-dir", default=".")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds; then every shard still running is killed")
     ap.add_argument("paths", nargs="*", default=["tests"])
     a = ap.parse_args()
     sel = ["-m", "gpu"] + (["-k", a.k] if a.k else [])
@@ -37,10 +38,19 @@ def main():
         if not shard:
             continue
         log = open(os.path.join(a.log_dir, f"gpu_shard{i}.log"), "w")
-        procs.append((i, log, subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *shard], stdout=log, stderr=subprocess.STDOUT)))
+        procs.append((i, log, subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *shard],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )))
     rc = 0
     for i, log, p in procs:
-        rc |= p.wait()
+        try:
+            rc |= p.wait(timeout=max(1.0, a.timeout - (time.time() - t0)))
+        except subprocess.TimeoutExpired:  # a hung kernel must not hold the GPU for the rest of the call
+            os.killpg(p.pid, 9)
+            p.wait()
+            rc |= 1
+            log.write(f"\nshard {i}: killed after {a.timeout:.0f} s\n")
         log.close()
         tail = open(log.name).read().strip().split("\n")[-1]
         print(f"shard {i}: {tail}")

@@ -29,7 +29,8 @@ def test_decode_variants_run_fp8_and_bf16_warpgroup_mmas(report):
         # per 64-token block: 16 QK k-blocks (e4m3) + PV k-blocks, RoPE QK in bf16
         assert r["qgmma"] >= 16 and r["hgmma"] >= 4, r
         assert r["local_ld"] == r["local_st"] == 0, r
-        assert r["max_reg_used"] <= 240  # the consumer budget set by setmaxnreg
+        # the consumer budget set by setmaxnreg (roles.layout: 224 beside the transposer WG)
+        assert r["max_reg_used"] <= (240 if "transposer=False" in r["variant"] else 224), r
 
 
 def test_violations_are_detected():

@@ -70,6 +70,23 @@ def test_large_batch(seed):
     _run_and_check(256, 1, 32, 64, lens, False, seed=seed)
 
 
+@pytest.mark.parametrize("h, s_q, page_size, causal", [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 128, True)])
+def test_without_the_transposer_warpgroup(seed, h, s_q, page_size, causal):
+    """``DecodeConfig.transposer=False`` (each consumer transposes its own blocks; the
+    default uses the transposer WG, which every other test covers): block edges, an empty
+    request, a long one, split ones, and one request over many parts."""
+    import snapmla_cute.ops as ops
+
+    rng = random.Random(seed)
+    lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
+    ops.DECODE_TUNING.update(transposer=False)
+    try:
+        _run_and_check(len(lens), s_q, h, page_size, lens, causal, seed=seed)
+        _run_and_check(1, s_q, h, page_size, [777], causal, seed=seed)
+    finally:
+        ops.DECODE_TUNING.clear()
+
+
 @pytest.mark.parametrize("s_q, causal", [(1, False), (2, True)])
 def test_paper_style_data(seed, s_q, causal):
     _run_and_check(2, s_q, 64, 64, [4000, 1500], causal, dist="paper", seed=seed)

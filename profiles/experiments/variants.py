@@ -28,8 +28,7 @@ DEFAULT_SHAPES = [
 ]
 DEFAULT_VARIANTS = {
     "default": {},
-    "masked every block": {"whole_blocks": False},
-    "skeleton": {"skip": SKELETON},
+    "no transposer WG": {"transposer": False},
 }
 
 
@@ -51,8 +50,6 @@ def main():
     for sh in DEFAULT_SHAPES:
         c = make_case(sh)
         for name, tuning in DEFAULT_VARIANTS.items():
-            if sh.heads == 64 and name == "masked every block":
-                continue
             ops.DECODE_TUNING.clear()
             ops.DECODE_TUNING.update(tuning)
             err = None if "skip" in tuning else check(c, sh)

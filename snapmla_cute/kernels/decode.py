@@ -19,7 +19,9 @@ the KV blocks the split-KV scheduler gave its part. Per 64-token block:
    o = γ·o + P·V is done in fp32.
 
 The two consumer WGs own alternate blocks and are software-pipelined (see ``consume``);
-the producer warp streams Q and the KV blocks through a 4-stage TMA/mbarrier ring.
+the producer warp streams Q and the KV blocks through a 4-stage TMA/mbarrier ring; a
+transposer WG runs step 2 for every block once its owner's QK has read it
+(``DecodeConfig.transposer``, ``transpose_blocks``).
 
 Everything is checked against ``reference.mla_decode_emulated``.
 """
@@ -69,6 +71,10 @@ class DecodeConfig:
     # whole blocks (every block but a request's last) skip the per-element masking of the
     # softmax and the transposition; False sends every block through the masked code (A/B)
     whole_blocks: bool = True
+    # a fourth warpgroup transposes V (after the owner's QK has read the block), taking the
+    # transposition off the consumers' per-block chain (``roles.layout``); False: each
+    # consumer transposes its own blocks (3 warpgroups, consumers at 240 registers)
+    transposer: bool = True
     # Profiling only (wrong results): stages left out to time the rest, e.g. ("transpose",).
     # METHOD.md's "time variants that leave one stage out"; never set by the library.
     skip: tuple = ()
@@ -104,6 +110,8 @@ INV_FP8_MAX = 1.0 / FP8_MAX
 class DecodeKernel:
     def __init__(self, cfg: DecodeConfig):
         self.cfg = cfg
+        self.roles = roles.layout(cfg.transposer)
+        self.threads = self.roles.threads
         self.planner = DecodeSchedulerKernel()
         self.n_sub = L.BLOCK_N // cfg.box_rows
         self.scale_stride = max(cfg.box_rows, 32)  # floats between boxes of scales
@@ -261,9 +269,12 @@ class DecodeKernel:
         class SharedStorage:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            qk_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: owner's QK done
+            vt_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: Vᵀ written
+            vt_valid: cute.struct.MemRange[Int32, stages]  # transposer: valid tokens of the block
             state: cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE]
             plan: cute.struct.MemRange[Int32, PLAN_WORDS]
-            scan: cute.struct.MemRange[Int32, roles.THREADS // 32]
+            scan: cute.struct.MemRange[Int32, self.threads // 32]
             k_scale: cute.struct.Align[cute.struct.MemRange[Float32, self.scale_stride * self.n_sub * stages], 128]
             q_nope: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(q_nope_sl)], 1024]
             q_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_rope_sl)], 1024]
@@ -281,7 +292,7 @@ class DecodeKernel:
             q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl,
         ).launch(
             grid=[cfg.m_tiles, num_parts, 1],
-            block=[roles.THREADS, 1, 1],
+            block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,  # fixes the register pool so ptxas honours setmaxnreg
@@ -365,12 +376,20 @@ class DecodeKernel:
 
         s_plan = storage.plan.get_tensor(cute.make_layout((PLAN_WORDS,)))
 
+        qk_mbar = storage.qk_mbar.data_ptr()
+        vt_mbar = storage.vt_mbar.data_ptr()
+        s_valid = storage.vt_valid.get_tensor(cute.make_layout((cfg.kv_stages,)))
+        if cutlass.const_expr(cfg.transposer):
+            if tidx == 0:
+                for st in cutlass.range_constexpr(cfg.kv_stages):
+                    cute.arch.mbarrier_init(qk_mbar + st, roles.THREADS_PER_WG)
+                    cute.arch.mbarrier_init(vt_mbar + st, roles.THREADS_PER_WG)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         # this part's plan, computed here from the lengths (no scheduler launch); the KV
         # stages are its scratch until the producer starts
         self.plan(m_seqlens, m_sched, m_split_offsets, storage.kv.data_ptr(), storage.scan.get_tensor(
-            cute.make_layout((roles.THREADS // 32,))), s_plan, m_tile, part, tidx)
+            cute.make_layout((self.threads // 32,))), s_plan, m_tile, part, tidx)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
@@ -382,16 +401,36 @@ class DecodeKernel:
                     q_prod, kv_prod, m_tile, begin_req, begin_blk, end_req, end_blk, n_reqs,
                 )
         else:
-            cute.arch.setmaxregister_increase(roles.CONSUMER_REGS)
-            # read after setmaxnreg: values live across it would be spilled to local memory
-            begin_req, begin_blk, end_req, end_blk, begin_split, n_reqs = self.read_plan(s_plan, m_seqlens)
-            self.consume(
+            consumer_args = (
                 qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
                 s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state, storage.kv.data_ptr().toint(),
                 m_q_scale, m_seqlens, s_plan, m_out, m_lse, m_o_partial, m_lse_partial, m_counters,
-                scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
-                n_reqs, wg_idx - 1,
+                scale_log2, q_cons, kv_pipe, m_tile,
             )
+            if cutlass.const_expr(cfg.transposer):
+                # the consumers' branch comes last: ptxas spilled them at 224 registers when
+                # the transposer's 40-register branch followed it
+                if wg_idx == self.roles.transposer_wg:
+                    cute.arch.setmaxregister_decrease(roles.TRANSPOSER_REGS)
+                    self.transpose_blocks(
+                        m_seqlens, s_plan, storage.kv.data_ptr().toint(), qk_mbar, vt_mbar, s_valid,
+                        tidx % roles.THREADS_PER_WG,
+                    )
+                else:
+                    self.consumer_role(consumer_args, m_seqlens, s_plan, wg_idx, qk_mbar, vt_mbar, s_valid)
+            else:
+                self.consumer_role(consumer_args, m_seqlens, s_plan, wg_idx, qk_mbar, vt_mbar, s_valid)
+
+    @cute.jit
+    def consumer_role(self, args, m_seqlens, s_plan, wg_idx, qk_mbar, vt_mbar, s_valid):
+        """Consumer WGs: raise the register budget, read the plan, run ``consume``."""
+        cute.arch.setmaxregister_increase(self.roles.consumer_regs)
+        # read after setmaxnreg: values live across it would be spilled to local memory
+        begin_req, begin_blk, end_req, end_blk, begin_split, n_reqs = self.read_plan(s_plan, m_seqlens)
+        self.consume(
+            *args, begin_req, begin_blk, end_req, end_blk, begin_split, n_reqs,
+            wg_idx - self.roles.first_consumer_wg, qk_mbar, vt_mbar, s_valid,
+        )
 
     @cute.jit
     def plan(self, m_seqlens, m_sched, m_split_offsets, scratch_ptr, s_scan, s_plan, m_tile, part, tidx):
@@ -404,10 +443,10 @@ class DecodeKernel:
         words = cute.recast_ptr(scratch_ptr, dtype=Int32)
         s_pre = cute.make_tensor(words, cute.make_layout((MAX_BATCH + 1,)))
         s_split = cute.make_tensor(words + (MAX_BATCH + 1), cute.make_layout((MAX_BATCH + 1,)))
-        total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, roles.THREADS)
+        total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, self.threads)
         cute.arch.sync_threads()
         width = cutlass.max((total + num_parts - 1) // num_parts, 1)
-        self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, roles.THREADS)
+        self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, self.threads)
         if tidx == 0:
             b_req, b_blk, e_req, e_blk, split = self.planner.part_plan(s_pre, batch, total, width, part)
             s_plan[0] = b_req
@@ -431,7 +470,7 @@ class DecodeKernel:
                 for k in cutlass.range_constexpr(5, 8):
                     m_sched[part, k] = 0
         if m_tile == 0 and part == 0:
-            for r in cutlass.range(tidx, batch + 1, roles.THREADS, unroll=1):
+            for r in cutlass.range(tidx, batch + 1, self.threads, unroll=1):
                 m_split_offsets[r] = s_split[r]
         # the producer's TMA writes (async proxy) follow these generic writes to the scratch
         cute.arch.fence_proxy("async.shared", space="cta")
@@ -612,6 +651,37 @@ class DecodeKernel:
         return g % S
 
     @cute.jit
+    def wait_vt(self, vt_mbar, g):
+        """Waits until the transposer has written Vᵀ of the g-th block."""
+        cute.arch.mbarrier_wait(vt_mbar + self.stage_of(g), self.kv_state(g).phase)
+
+    @cute.jit
+    def transpose_blocks(self, m_seqlens, s_plan, kv_addr, qk_mbar, vt_mbar, s_valid, wg_tidx):
+        """Transposer WG (``DecodeConfig.transposer``): the part's KV blocks in order, each
+        once its owner's QK has read K (``qk_mbar``; the owner also left the block's valid
+        token count in ``s_valid``): content → Vᵀ in place, tokens past the sequence zeroed,
+        then a proxy fence and ``vt_mbar``. One loop over the part's block count, so the
+        40-register budget holds without spills."""
+        sync = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.transposer_sync, num_threads=roles.THREADS_PER_WG)
+        begin_req, begin_blk, end_req, end_blk, _, n_reqs = self.read_plan(s_plan, m_seqlens)
+        total = Int32(0)
+        for r in cutlass.range(n_reqs, unroll=1):
+            _, blk_lo, blk_hi = self.block_range(m_seqlens, r, begin_req + r, begin_blk, end_req, end_blk)
+            total += blk_hi - blk_lo
+        for g in cutlass.range(total, unroll=1):
+            stage = self.stage_of(g)
+            cute.arch.mbarrier_wait(qk_mbar + stage, self.kv_state(g).phase)
+            valid = s_valid[stage]
+            tid = ptx.launder(wg_tidx, g)  # lane addresses recomputed per block, not spilled
+            if cutlass.const_expr("transpose" not in self.cfg.skip):
+                if valid >= L.BLOCK_N:
+                    self.transpose_v(kv_addr, stage, valid, sync, tid, False)
+                else:
+                    self.transpose_v(kv_addr, stage, valid, sync, tid, True)
+            cute.arch.fence_proxy("async.shared", space="cta")  # stmatrix, then WGMMA reads
+            cute.arch.mbarrier_arrive(vt_mbar + stage)
+
+    @cute.jit
     def kv_state(self, g):
         """Pipeline state of the g-th KV block this CTA consumes (stage g % S, phase (g / S) % 2):
         each consumer WG waits the stages in order but holds up to three at once, so the
@@ -665,7 +735,7 @@ class DecodeKernel:
         s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state, kv_addr,
         m_q_scale, m_seqlens, s_plan, m_out, m_lse, m_o_partial, m_lse_partial, m_counters,
         scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
-        n_reqs, wg,
+        n_reqs, wg, qk_mbar, vt_mbar, s_valid,
     ):
         """Consumer WG ``wg``: Algorithm 1 software-pipelined (App. C).
 
@@ -765,12 +835,16 @@ class DecodeKernel:
                 if cutlass.const_expr(not cfg.qk_early):
                     self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, stage)
                 warpgroup.wait_group(0)
+                valid = seqlen - blk * L.BLOCK_N
+                if cutlass.const_expr(cfg.transposer):
+                    if wg_tidx == 0:
+                        s_valid[stage] = valid  # released by the arrive below
+                    cute.arch.mbarrier_arrive(qk_mbar + stage)  # K read: the transposer may go
                 # ---- V transposition in place (tokens past the sequence zeroed), then the
                 # other WG's state of block j-1. Every block but a request's last is whole
                 # (all 64 tokens valid, and visible to every row): no masking code there.
-                valid = seqlen - blk * L.BLOCK_N
                 whole = L.BLOCK_N if cfg.whole_blocks else 1 << 30
-                if cutlass.const_expr("transpose" not in cfg.skip):
+                if cutlass.const_expr("transpose" not in cfg.skip and not cfg.transposer):
                     if valid >= whole:
                         self.transpose_v(kv_addr, stage, valid, wg_sync, wg_tidx, False)
                     else:
@@ -799,6 +873,10 @@ class DecodeKernel:
                 wg_sync.arrive_and_wait()
                 self.pair_barrier(roles.BARRIERS.state, slot).arrive()
                 # ---- PV of block j-1 (P from the other WG), then of block j (own P)
+                if cutlass.const_expr(cfg.transposer):
+                    if j >= 1:
+                        self.wait_vt(vt_mbar, g - 1)
+                    self.wait_vt(vt_mbar, g)
                 if j >= 1:
                     if cutlass.const_expr("pv" not in cfg.skip):
                         self.pv_blocks(
@@ -824,6 +902,8 @@ class DecodeKernel:
                 g = k0 + n - 1
                 slot = g & 1
                 self.wait_state(s_state, c_s_mn, slot, row_max, sigma_p, row_sum, gamma_o)
+                if cutlass.const_expr(cfg.transposer):
+                    self.wait_vt(vt_mbar, g)
                 self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(self.stage_of(g), gamma_o, slot)])
                 self.pair_barrier(roles.BARRIERS.pfree, slot).arrive()
                 kv_pipe.consumer_release(self.kv_state(g))
@@ -847,7 +927,7 @@ class DecodeKernel:
             if n_splits > 1:
                 self.finish_split(
                     m_out, m_lse, m_o_partial, m_lse_partial, m_counters, kv_addr, m_tile, req, first, split,
-                    n_splits, tidx - roles.THREADS_PER_WG,
+                    n_splits, tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG,
                 )
 
     @cute.jit

@@ -44,3 +44,19 @@ def stsm_x4(smem_addr: Int32, r0: Int32, r1: Int32, r2: Int32, r3: Int32, *, loc
 def trap(*, loc=None, ip=None):
     """``trap;``: abort the kernel (the launch then fails with an error on the host)."""
     _asm(None, [], "trap;", "", loc, ip)
+
+
+@dsl_user_op
+def launder(x: Int32, dep: Int32, *, loc=None, ip=None) -> Int32:
+    """``x``, as the result of a volatile ``prmt`` that also reads ``dep`` (bytes of x only):
+    values derived from it cannot be hoisted above a loop in which ``dep`` varies. The
+    transposer WG (40 registers) uses it so ptxas recomputes its lane addresses per block
+    instead of keeping (and spilling) all of them."""
+    res = _asm(
+        _T.i32(),
+        [Int32(x).ir_value(loc=loc, ip=ip), Int32(dep).ir_value(loc=loc, ip=ip)],
+        "prmt.b32 $0, $1, $2, 0x3210;",
+        "=r,r,r",
+        loc, ip,
+    )
+    return Int32(res)
