@@ -23,11 +23,10 @@ DEFAULT_SHAPES = [
     SHAPES["s2"],
     Shape("b128 h128 s_q1 s_k640", 128, 128, 1, 640, False),
     Shape("b1 h128 s_q1 s_k640", 1, 128, 1, 640, False),
-    # one m-tile per request: no second CTA reading the same KV blocks
-    Shape("b128 h64 s_q1 s_k4096", 128, 64, 1, 4096, False),
 ]
 DEFAULT_VARIANTS = {
     "default": {},
+    "P barrier early": {"late_p_sync": False},
     "no transposer WG": {"transposer": False},
 }
 

@@ -75,6 +75,9 @@ class DecodeConfig:
     # transposition off the consumers' per-block chain (``roles.layout``); False: each
     # consumer transposes its own blocks (3 warpgroups, consumers at 240 registers)
     transposer: bool = True
+    # this WG's barrier on its own P stores sits right before its PV of that block instead
+    # of right after the stores (by then the four warps' skew is gone)
+    late_p_sync: bool = True
     # Profiling only (wrong results): stages left out to time the rest, e.g. ("transpose",).
     # METHOD.md's "time variants that leave one stage out"; never set by the library.
     skip: tuple = ()
@@ -707,16 +710,20 @@ class DecodeKernel:
         warpgroup.commit_group()
 
     @cute.jit
-    def pv_blocks(self, pv_mma0, pv_mma, acc_o_mn, temps, temps_mn, t_p, t_v, blocks):
+    def pv_blocks(self, pv_mma0, pv_mma, acc_o_mn, temps, temps_mn, t_p, t_v, blocks, sync=None):
         """This WG's 256 output dims of one or two blocks' P·V, in block order (order
         enforcement): each N = 256 / pv_splits GEMM lands in a zeroed temporary and
         o = γ·o + P·V is done in fp32. With two temporaries the next GEMM is issued before
-        the previous one is waited for and added. ``blocks``: [(stage, γ, P slot), ...]."""
+        the previous one is waited for and added. ``blocks``: [(stage, γ, P slot), ...];
+        ``sync`` (a barrier) is passed before the last block's first GEMM: that block's P
+        was stored by this WG's four warps."""
         work = [(st, g, sl, h) for st, g, sl in blocks for h in range(self.cfg.pv_splits)]
         n_t = len(temps)
         for w in cutlass.range_constexpr(len(work) + n_t - 1):
             if cutlass.const_expr(w < len(work)):
                 st, _, sl, h = work[w]
+                if cutlass.const_expr(sync is not None and w == len(work) - self.cfg.pv_splits):
+                    sync.arrive_and_wait()
                 acc = temps[w % n_t]
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
@@ -870,7 +877,11 @@ class DecodeKernel:
                         s_state[lr, 2, slot] = row_sum[i]
                         s_state[lr, 3, slot] = gamma[i]
                 cute.arch.fence_proxy("async.shared", space="cta")
-                wg_sync.arrive_and_wait()
+                # each thread releases its own P and state to the other WG; this WG's own
+                # warps meet only before their PV of this block (``late_p_sync``), by when
+                # the warps' skew is gone
+                if cutlass.const_expr(not cfg.late_p_sync):
+                    wg_sync.arrive_and_wait()
                 self.pair_barrier(roles.BARRIERS.state, slot).arrive()
                 # ---- PV of block j-1 (P from the other WG), then of block j (own P)
                 if cutlass.const_expr(cfg.transposer):
@@ -882,12 +893,16 @@ class DecodeKernel:
                         self.pv_blocks(
                             pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
                             [(self.stage_of(g - 1), gamma_o, 1 - slot), (stage, gamma, slot)],
+                            wg_sync if cfg.late_p_sync else None,
                         )
                     self.pair_barrier(roles.BARRIERS.pfree, 1 - slot).arrive()
                     kv_pipe.consumer_release(self.kv_state(g - 1))
                 else:
                     if cutlass.const_expr("pv" not in cfg.skip):
-                        self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(stage, gamma, slot)])
+                        self.pv_blocks(
+                            pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(stage, gamma, slot)],
+                            wg_sync if cfg.late_p_sync else None,
+                        )
                 kv_pipe.consumer_release(self.kv_state(g))
                 # ---- next owned block: its QK runs while this WG waits for the other's state
                 if j + 1 < n:
