@@ -21,14 +21,13 @@ SKELETON = ("qk", "pv", "transpose", "softmax")
 DEFAULT_SHAPES = [
     SHAPES["s1"],
     SHAPES["s2"],
-]
-SMALL_SHAPES = [  # with --small
     Shape("b128 h128 s_q1 s_k640", 128, 128, 1, 640, False),
     Shape("b1 h128 s_q1 s_k640", 1, 128, 1, 640, False),
 ]
 DEFAULT_VARIANTS = {
     "default": {},
-    "release after both PVs": {"early_release": False},
+    "P barrier early": {"late_p_sync": False},
+    "no transposer WG": {"transposer": False},
 }
 
 
@@ -45,10 +44,9 @@ def check(c, shape) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
-    ap.add_argument("--small", action="store_true", help="also the s_k640 shapes")
     args = ap.parse_args()
     rows = []
-    for sh in DEFAULT_SHAPES + (SMALL_SHAPES if args.small else []):
+    for sh in DEFAULT_SHAPES:
         c = make_case(sh)
         for name, tuning in DEFAULT_VARIANTS.items():
             ops.DECODE_TUNING.clear()

@@ -78,9 +78,6 @@ class DecodeConfig:
     # this WG's barrier on its own P stores sits right before its PV of that block instead
     # of right after the stores (by then the four warps' skew is gone)
     late_p_sync: bool = True
-    # the other WG's block j-1 goes back to the producer (KV stage) and to its owner (P slot)
-    # as soon as its PV is done, before this WG's PV of block j (one temporary only)
-    early_release: bool = True
     # Profiling only (wrong results): stages left out to time the rest, e.g. ("transpose",).
     # METHOD.md's "time variants that leave one stage out"; never set by the library.
     skip: tuple = ()
@@ -599,10 +596,9 @@ class DecodeKernel:
     @cute.jit
     def transpose_v(self, kv_addr: Int32, stage, valid_tokens, sync, wg_tidx, masked: cutlass.Constexpr):
         """Content tile → Vᵀ in place with ldmatrix.trans → prmt → stmatrix; ``masked`` (a
-        request's last block) zeroes tokens ≥ valid (``layouts.transpose``: the lane maps,
-        their step constants and a byte-exact CPU replay of this program). One warpgroup
-        barrier per 8 KiB chunk, between its loads and its stores; both sides are
-        bank-conflict free."""
+        request's last block) zeroes tokens ≥ valid (``layouts.transpose``: the lane maps, their step constants and a byte-exact
+        CPU replay of this program). One warpgroup barrier per 8 KiB chunk, between its
+        loads and its stores; both sides are bank-conflict free."""
         warp = wg_tidx // 32
         lane = wg_tidx % 32
         base = kv_addr + stage * (L.BLOCK_N * CONTENT_DIM)
@@ -869,7 +865,7 @@ class DecodeKernel:
                     else:
                         self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, True)
                 t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
-                # ---- publish P and the softmax state (and, without the transposer, Vᵀ)
+                # ---- publish P, state and Vᵀ to the other WG
                 if g >= 2:
                     self.pair_barrier(roles.BARRIERS.pfree, slot).arrive_and_wait()
                 cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
@@ -892,34 +888,20 @@ class DecodeKernel:
                     if j >= 1:
                         self.wait_vt(vt_mbar, g - 1)
                     self.wait_vt(vt_mbar, g)
-                own_sync = wg_sync if cfg.late_p_sync else None
                 if j >= 1:
-                    if cutlass.const_expr(cfg.early_release and cfg.pv_temps == 1):
-                        # block j-1's stage and P slot go back before this block's PV
-                        if cutlass.const_expr("pv" not in cfg.skip):
-                            self.pv_blocks(
-                                pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
-                                [(self.stage_of(g - 1), gamma_o, 1 - slot)],
-                            )
-                        self.pair_barrier(roles.BARRIERS.pfree, 1 - slot).arrive()
-                        kv_pipe.consumer_release(self.kv_state(g - 1))
-                        if cutlass.const_expr("pv" not in cfg.skip):
-                            self.pv_blocks(
-                                pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
-                                [(stage, gamma, slot)], own_sync,
-                            )
-                    else:
-                        if cutlass.const_expr("pv" not in cfg.skip):
-                            self.pv_blocks(
-                                pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
-                                [(self.stage_of(g - 1), gamma_o, 1 - slot), (stage, gamma, slot)], own_sync,
-                            )
-                        self.pair_barrier(roles.BARRIERS.pfree, 1 - slot).arrive()
-                        kv_pipe.consumer_release(self.kv_state(g - 1))
+                    if cutlass.const_expr("pv" not in cfg.skip):
+                        self.pv_blocks(
+                            pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
+                            [(self.stage_of(g - 1), gamma_o, 1 - slot), (stage, gamma, slot)],
+                            wg_sync if cfg.late_p_sync else None,
+                        )
+                    self.pair_barrier(roles.BARRIERS.pfree, 1 - slot).arrive()
+                    kv_pipe.consumer_release(self.kv_state(g - 1))
                 else:
                     if cutlass.const_expr("pv" not in cfg.skip):
                         self.pv_blocks(
-                            pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(stage, gamma, slot)], own_sync,
+                            pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(stage, gamma, slot)],
+                            wg_sync if cfg.late_p_sync else None,
                         )
                 kv_pipe.consumer_release(self.kv_state(g))
                 # ---- next owned block: its QK runs while this WG waits for the other's state
