@@ -596,9 +596,10 @@ class DecodeKernel:
     @cute.jit
     def transpose_v(self, kv_addr: Int32, stage, valid_tokens, sync, wg_tidx, masked: cutlass.Constexpr):
         """Content tile → Vᵀ in place with ldmatrix.trans → prmt → stmatrix; ``masked`` (a
-        request's last block) zeroes tokens ≥ valid (``layouts.transpose``: the lane maps, their step constants and a byte-exact
-        CPU replay of this program). One warpgroup barrier per 8 KiB chunk, between its
-        loads and its stores; both sides are bank-conflict free."""
+        request's last block) zeroes tokens ≥ valid (``layouts.transpose``: the lane maps,
+        their step constants and a byte-exact CPU replay of this program). One warpgroup
+        barrier per 8 KiB chunk, between its loads and its stores; both sides are
+        bank-conflict free."""
         warp = wg_tidx // 32
         lane = wg_tidx % 32
         base = kv_addr + stage * (L.BLOCK_N * CONTENT_DIM)
@@ -865,7 +866,7 @@ class DecodeKernel:
                     else:
                         self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, True)
                 t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
-                # ---- publish P, state and Vᵀ to the other WG
+                # ---- publish P and the softmax state (and, without the transposer, Vᵀ)
                 if g >= 2:
                     self.pair_barrier(roles.BARRIERS.pfree, slot).arrive_and_wait()
                 cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
