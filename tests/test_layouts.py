@@ -134,3 +134,4 @@ def test_cute_layout_objects_match_the_byte_maps():
 def test_render_draws_a_tile():
     text = smem.render("vt", rows=4, cols=4)
     assert text.splitlines()[0].startswith("vt:") and len(text.splitlines()) == 5
+
