@@ -4,7 +4,7 @@ comparison does not depend on which machine of a kind a run landed on. Each vari
 timing-only (wrong results on purpose).
 
     python3 profiles/experiments/variants.py                # the default A/B set
-    python3 profiles/experiments/variants.py --json out.json
+    python3 profiles/experiments/variants.py --small --skeleton --json out.json
 """
 
 import argparse
@@ -48,7 +48,8 @@ def main():
     rows = []
     for sh in DEFAULT_SHAPES:
         c = make_case(sh)
-        for name, tuning in DEFAULT_VARIANTS.items():
+        variants = dict(DEFAULT_VARIANTS, **({"skeleton": {"skip": SKELETON}} if args.skeleton else {}))
+        for name, tuning in variants.items():
             ops.DECODE_TUNING.clear()
             ops.DECODE_TUNING.update(tuning)
             err = None if "skip" in tuning else check(c, sh)
