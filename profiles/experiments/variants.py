@@ -18,9 +18,8 @@ from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import SHAPES, Shape, make_case
 
 SKELETON = ("qk", "pv", "transpose", "softmax")
-DEFAULT_SHAPES = [
-    SHAPES["s1"],
-    SHAPES["s2"],
+DEFAULT_SHAPES = [SHAPES["s1"], SHAPES["s2"]]
+SMALL_SHAPES = [  # with --small
     Shape("b128 h128 s_q1 s_k640", 128, 128, 1, 640, False),
     Shape("b1 h128 s_q1 s_k640", 1, 128, 1, 640, False),
 ]
@@ -44,9 +43,11 @@ def check(c, shape) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--small", action="store_true", help="also the s_k640 shapes")
+    ap.add_argument("--skeleton", action="store_true", help="also every compute stage left out")
     args = ap.parse_args()
     rows = []
-    for sh in DEFAULT_SHAPES:
+    for sh in DEFAULT_SHAPES + (SMALL_SHAPES if args.small else []):
         c = make_case(sh)
         variants = dict(DEFAULT_VARIANTS, **({"skeleton": {"skip": SKELETON}} if args.skeleton else {}))
         for name, tuning in variants.items():
