@@ -646,6 +646,15 @@ class DecodeKernel:
                         cute.arch.prmt(r2, r3, sel1),
                     )
 
+    @cute.jit
+    def transpose_block(self, kv_addr: Int32, stage, valid, sync, wg_tidx):
+        """``transpose_v`` of one block: the masking code only when some of its 64 tokens
+        are past the sequence (every block with ``DecodeConfig.whole_blocks=False``)."""
+        if valid >= (L.BLOCK_N if self.cfg.whole_blocks else 1 << 30):
+            self.transpose_v(kv_addr, stage, valid, sync, wg_tidx, False)
+        else:
+            self.transpose_v(kv_addr, stage, valid, sync, wg_tidx, True)
+
     def stage_of(self, g):
         """g mod kv_stages for a block count g ≥ 0: a mask when the stage count is a power of
         two (Int32 % and // compile to signed-division fix-ups, per use, in the hot loop)."""
@@ -678,10 +687,7 @@ class DecodeKernel:
             valid = s_valid[stage]
             tid = ptx.launder(wg_tidx, g)  # lane addresses recomputed per block, not spilled
             if cutlass.const_expr("transpose" not in self.cfg.skip):
-                if valid >= L.BLOCK_N:
-                    self.transpose_v(kv_addr, stage, valid, sync, tid, False)
-                else:
-                    self.transpose_v(kv_addr, stage, valid, sync, tid, True)
+                self.transpose_block(kv_addr, stage, valid, sync, tid)
             cute.arch.fence_proxy("async.shared", space="cta")  # stmatrix, then WGMMA reads
             cute.arch.mbarrier_arrive(vt_mbar + stage)
 
@@ -748,11 +754,12 @@ class DecodeKernel:
         """Consumer WG ``wg``: Algorithm 1 software-pipelined (App. C).
 
         Within a request the WGs own alternate blocks. For each owned block j this WG: waits
-        its QK (issued two blocks earlier), transposes V_j in place, waits for the other WG's
-        state of block j-1, runs the softmax of block j and publishes P_j and its state, then
-        runs PV of block j-1 and of block j (both with P from shared memory), and finally
-        issues QK of block j+2. The chain between the WGs is softmax → state →
-        softmax; QK, transposition and PV of one WG overlap the other's softmax."""
+        its QK (issued two blocks earlier), hands the block to the transposer WG (or, without
+        it, transposes V_j in place itself), waits for the other WG's state of block j-1, runs
+        the softmax of block j and publishes P_j and its state, then runs PV of block j-1 and
+        of block j (both with P from shared memory, after their Vᵀ is written), and finally
+        issues QK of block j+2. The chain between the WGs is softmax → state → softmax; QK
+        and PV of one WG overlap the other's softmax."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         wg_tidx = tidx % roles.THREADS_PER_WG
@@ -851,17 +858,13 @@ class DecodeKernel:
                 # ---- V transposition in place (tokens past the sequence zeroed), then the
                 # other WG's state of block j-1. Every block but a request's last is whole
                 # (all 64 tokens valid, and visible to every row): no masking code there.
-                whole = L.BLOCK_N if cfg.whole_blocks else 1 << 30
                 if cutlass.const_expr("transpose" not in cfg.skip and not cfg.transposer):
-                    if valid >= whole:
-                        self.transpose_v(kv_addr, stage, valid, wg_sync, wg_tidx, False)
-                    else:
-                        self.transpose_v(kv_addr, stage, valid, wg_sync, wg_tidx, True)
+                    self.transpose_block(kv_addr, stage, valid, wg_sync, wg_tidx)
                 if j >= 1:
                     self.wait_state(s_state, c_s_mn, 1 - slot, row_max, sigma_p, row_sum, gamma_o)
                 # ---- softmax with V-scale fusion and block-wise P quantization
                 if cutlass.const_expr("softmax" not in cfg.skip):
-                    if valid - (cfg.s_q - 1 if cfg.causal else 0) >= whole:
+                    if valid - (cfg.s_q - 1 if cfg.causal else 0) >= (L.BLOCK_N if cfg.whole_blocks else 1 << 30):
                         self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, False)
                     else:
                         self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, True)
