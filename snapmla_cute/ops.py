@@ -253,6 +253,7 @@ def decode_metadata(
     launch is cooperative) is how many CTAs share the KV work of one query tile; requests
     cut by a part boundary are split, and their splits merged inside the decode kernel.
     """
+    from snapmla_cute.kernels.decode import MERGE_MAX_SPLITS
     from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
 
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
@@ -260,7 +261,9 @@ def decode_metadata(
         raise ValueError(f"cache_seqlens: expected a batch of 1..{MAX_BATCH} requests, got {cache_seqlens.shape[0]}")
     _check_cuda(cache_seqlens=cache_seqlens)
     m_tiles = (s_q * heads + 63) // 64
-    slots = max(1, _num_sms(cache_seqlens.device) // m_tiles)
+    # one wave (the launch is cooperative), and no more splits per request than the
+    # in-kernel merge has room for
+    slots = max(1, min(_num_sms(cache_seqlens.device) // m_tiles, MERGE_MAX_SPLITS))
     if num_parts is None:
         num_parts = default_num_parts(cache_seqlens.shape[0], m_tiles, slots * m_tiles)
     elif not isinstance(num_parts, int) or not 1 <= num_parts <= slots:

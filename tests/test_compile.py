@@ -80,3 +80,17 @@ def test_sass_counter_reads_mma_and_local_memory():
     """
     c = sass_counts(listing)
     assert (c.qgmma, c.hgmma, c.local_st, c.local_ld, c.instructions) == (1, 1, 1, 1, 5)
+
+
+def test_decode_shared_storage_over_the_sm90_limit_is_refused_at_trace_time(monkeypatch):
+    """A CTA over 227 KB of shared memory compiles but fails at launch (seen once: the
+    epilogue buffer took it 1 KB over); the kernel refuses it while tracing instead."""
+    import snapmla_cute.kernels.decode as decode
+    from snapmla_cute.kernels.decode_step import DecodeStepConfig
+
+    monkeypatch.setattr(decode, "SM90_SMEM_BYTES", 64 * 1024)
+    monkeypatch.setenv("SNAPMLA_DISABLE_DISK_CACHE", "1")
+    monkeypatch.setattr(jit_cache, "_memory_cache", {})
+    cfg = DecodeStepConfig(decode.DecodeConfig(heads=16, s_q=1, page_size=64, causal=False))
+    with pytest.raises(ValueError, match="shared storage"):
+        jit_cache.compile_kernel("decode_step", cfg, arch="sm_90a")

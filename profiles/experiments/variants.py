@@ -19,14 +19,14 @@ from snapmla_cute.profiling import SHAPES, Shape, make_case
 
 SKELETON = ("qk", "pv", "transpose", "softmax")
 DEFAULT_SHAPES = [SHAPES["s1"], SHAPES["s2"]]
+H64_SHAPES = [Shape("b32 h64 s_q1 s_k8192", 32, 64, 1, 8192, False)]  # with --h64
 SMALL_SHAPES = [  # with --small
     Shape("b128 h128 s_q1 s_k640", 128, 128, 1, 640, False),
     Shape("b1 h128 s_q1 s_k640", 1, 128, 1, 640, False),
 ]
 DEFAULT_VARIANTS = {
     "default": {},
-    "P barrier early": {"late_p_sync": False},
-    "no transposer WG": {"transposer": False},
+    "PV N=64": {"pv_splits": 4},
 }
 
 
@@ -45,9 +45,12 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--small", action="store_true", help="also the s_k640 shapes")
     ap.add_argument("--skeleton", action="store_true", help="also every compute stage left out")
+    ap.add_argument("--h64", action="store_true", help="also b32 h64 s_k8192")
+    ap.add_argument("--no-s2", action="store_true", help="leave out the s_q2 causal shape")
     args = ap.parse_args()
     rows = []
-    for sh in DEFAULT_SHAPES + (SMALL_SHAPES if args.small else []):
+    shapes = [sh for sh in DEFAULT_SHAPES if not (args.no_s2 and sh.causal)]
+    for sh in shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else []):
         c = make_case(sh)
         variants = dict(DEFAULT_VARIANTS, **({"skeleton": {"skip": SKELETON}} if args.skeleton else {}))
         for name, tuning in variants.items():

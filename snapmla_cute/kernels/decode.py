@@ -18,6 +18,10 @@ the KV blocks the split-KV scheduler gave its part. Per 64-token block:
    strictly in block order; each block's P·V lands in a zeroed accumulator and
    o = γ·o + P·V is done in fp32.
 
+6. Epilogue: o/ℓ through a 1 KB shared buffer per warp, leaving as 16-byte stores of whole
+   128-byte lines (bf16 ``out``, or the fp32 partial of a split request); splits are merged
+   in the same launch by the splits that finish first (``finish_split``).
+
 The two consumer WGs own alternate blocks and are software-pipelined (see ``consume``);
 the producer warp streams Q and the KV blocks through a 4-stage TMA/mbarrier ring; a
 transposer WG runs step 2 for every block once its owner's QK has read it
@@ -63,7 +67,9 @@ class DecodeConfig:
     page_size: int
     causal: bool
     kv_stages: int = 4
-    pv_splits: int = 4  # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note
+    # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note; 2 (N = 128, a
+    # 64-register temporary that S shares) measured 3% faster than 4 (N = 64) on s_k4096
+    pv_splits: int = 2
     # PV temporaries: with 2 a GEMM is issued before the previous one is added (measured 3%
     # faster on b128 h128 s_k4096, but causal s_q>1 variants then spill)
     pv_temps: int = 1
@@ -81,6 +87,10 @@ class DecodeConfig:
     # Profiling only (wrong results): stages left out to time the rest, e.g. ("transpose",).
     # METHOD.md's "time variants that leave one stage out"; never set by the library.
     skip: tuple = ()
+    # Profiling only: %globaltimer stamps (low 32 bits) of each CTA's milestones written
+    # over the last split slab of the fp32 partials (``TRACE_EVENTS``; see
+    # ``profiles/experiments/trace_small.py``). Never set by the library.
+    trace: bool = False
 
     @property
     def rows(self) -> int:
@@ -101,6 +111,12 @@ PLAN_WORDS = 16
 # A split waits at most this long (ns, %globaltimer) for the other splits' partials, then
 # traps (the launch fails with an error): a correct wait lasts at most one part's work.
 MERGE_WAIT_LIMIT_NS = 4_000_000_000
+# The merge's scratch in the (idle) KV stages: final LSEs at 0, the group sums at 1024, the
+# splits' weights at MERGE_W_OFFSET, (64 rows, MERGE_MAX_SPLITS) floats. A request has at
+# most num_parts <= SMs splits.
+MERGE_W_OFFSET = 16384
+MERGE_MAX_SPLITS = 160
+MERGE_BATCH = 16  # partial rows a merging thread loads at once
 # P' below this is treated as 0 (the block's σ_p is kept): against the running max such a
 # block is negligible, and 448/P'max would otherwise overflow (scores > ~100 log2 units
 # below the max made NaN).
@@ -108,6 +124,17 @@ P_TINY = 2.0**-64
 # σ_p = rowmax(P')·fp32(1/448) (a multiply, not a second IEEE division per row; the
 # emulation uses the same constant)
 INV_FP8_MAX = 1.0 / FP8_MAX
+SM90_SMEM_BYTES = 232448  # dynamic shared memory a CTA may use (227 KB)
+# the epilogue's shared buffer per consumer warp: 8 rows of 128 bytes (store_tile)
+EPI_ROWS = 8
+EPI_ROW_BYTES = 128
+EPI_BYTES = EPI_ROWS * EPI_ROW_BYTES
+# DecodeConfig.trace: word k of a CTA's 32 (consumer milestones at 16·wg + k)
+TRACE_EVENTS = dict(
+    start=0, planned=1, q_issued=2, kv_issued=3, q_arrived=4, qk_done=5, softmax_done=6, pv_done=7,
+    epilogue_done=8, count_seen=9, merged=10, exit=11, lengths_read=12, smid=15,
+)
+TRACE_WORDS = 32
 
 
 class DecodeKernel:
@@ -282,10 +309,15 @@ class DecodeKernel:
             q_nope: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(q_nope_sl)], 1024]
             q_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_rope_sl)], 1024]
             kv: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(kv_sl)], 1024]
+            # right after kv: its address is kv's + kv_smem_bytes (the epilogue computes it)
+            epi: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, roles.NUM_CONSUMER_WGS * 4 * EPI_BYTES], 128]
             k_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kr_sl)], 1024]
             p: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(p_sl)], 1024]
 
         self.shared_storage = SharedStorage
+        self.kv_smem_bytes = cute.cosize(kv_sl)
+        if cutlass.const_expr(SharedStorage.size_in_bytes() > SM90_SMEM_BYTES):  # else the launch fails
+            raise ValueError(f"decode: shared storage {SharedStorage.size_in_bytes()} B, at most {SM90_SMEM_BYTES} B")
         num_parts = m_sched.shape[0]
         self.kernel(
             qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
@@ -346,6 +378,20 @@ class DecodeKernel:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // roles.THREADS_PER_WG)
 
+        self._trace = None
+        if cutlass.const_expr(cfg.trace):
+            slab = (m_o_partial.shape[2] - 1) * cfg.rows * CONTENT_DIM
+            self._trace = cute.make_tensor(
+                cute.recast_ptr(m_o_partial.iterator + slab, dtype=Int32),
+                cute.make_layout((cfg.m_tiles * m_sched.shape[0], TRACE_WORDS), stride=(TRACE_WORDS, 1)),
+            )
+            self._trace_cta = part * cfg.m_tiles + m_tile
+        if tidx == 0:
+            self.stamp("start")
+        if warp_idx == 0:
+            # the descriptors' first use is on the critical path of a short part
+            for atom in (tma_q_nope, tma_q_rope, tma_kv, tma_kr, tma_ks):
+                cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = roles.NUM_CONSUMER_WGS * roles.THREADS_PER_WG // 32
         q_prod, q_cons = pipeline.PipelineTmaAsync.create(
@@ -388,11 +434,17 @@ class DecodeKernel:
                     cute.arch.mbarrier_init(qk_mbar + st, roles.THREADS_PER_WG)
                     cute.arch.mbarrier_init(vt_mbar + st, roles.THREADS_PER_WG)
         cute.arch.mbarrier_init_fence()
+        if tidx == 0:
+            # the epilogue derives storage.epi's address from kv's (one register less)
+            if storage.epi.data_ptr().toint() != storage.kv.data_ptr().toint() + self.kv_smem_bytes:
+                ptx.trap()
         cute.arch.sync_threads()
         # this part's plan, computed here from the lengths (no scheduler launch); the KV
         # stages are its scratch until the producer starts
         self.plan(m_seqlens, m_sched, m_split_offsets, storage.kv.data_ptr(), storage.scan.get_tensor(
             cute.make_layout((self.threads // 32,))), s_plan, m_tile, part, tidx)
+        if tidx == 0:
+            self.stamp("planned")
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
@@ -436,6 +488,15 @@ class DecodeKernel:
         )
 
     @cute.jit
+    def stamp(self, event: cutlass.Constexpr, wg=0):
+        """DecodeConfig.trace: this CTA's %globaltimer (low 32 bits) at ``event``."""
+        if cutlass.const_expr(self.cfg.trace):
+            t = Int32(cute.arch.globaltimer())
+            if cutlass.const_expr(event == "start"):
+                self._trace[self._trace_cta, TRACE_EVENTS["smid"]] = Int32(cute.arch.smid())
+            self._trace[self._trace_cta, TRACE_EVENTS[event] + 16 * wg] = t
+
+    @cute.jit
     def plan(self, m_seqlens, m_sched, m_split_offsets, scratch_ptr, s_scan, s_plan, m_tile, part, tidx):
         """All threads: this part's row of the split-KV plan (``decode_scheduler``'s, same
         code) into ``s_plan``, plus the split rows of its first and last request. CTA (0, 0)
@@ -448,6 +509,8 @@ class DecodeKernel:
         s_split = cute.make_tensor(words + (MAX_BATCH + 1), cute.make_layout((MAX_BATCH + 1,)))
         total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, self.threads)
         cute.arch.sync_threads()
+        if tidx == 0:
+            self.stamp("lengths_read")
         width = cutlass.max((total + num_parts - 1) // num_parts, 1)
         self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, self.threads)
         if tidx == 0:
@@ -543,6 +606,8 @@ class DecodeKernel:
             hq = q_prod.acquire_and_advance()
             cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
             cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            if r == 0 and lane == 0:
+                self.stamp("q_issued")
             # block-table entries 32 at a time, one per lane: one load latency per 32 pages
             # instead of one per KV block on the producer's critical path
             base = Int32(-64)
@@ -564,6 +629,8 @@ class DecodeKernel:
                     cute.copy(tma_kv, tkv_g[(None, tile, 0, page)], tkv_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
                     cute.copy(tma_kr, tkr_g[(None, tile, 0, page)], tkr_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
                     cute.copy(tma_ks, tks_g[(None, tile, page)], tks_s[(None, sub, hk.index)], tma_bar_ptr=hk.barrier)
+                if r == 0 and blk == blk_lo and lane == 0:
+                    self.stamp("kv_issued")
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
@@ -801,8 +868,6 @@ class DecodeKernel:
         acc_s_mn = cute.make_tensor(acc_s.iterator, self._layout_acc_mn(qk_mma, acc_s.layout))
         c_s = qk_thr.partition_C(cute.make_identity_tensor((L.M_TILE, L.BLOCK_N)))
         c_s_mn = cute.make_tensor(c_s.iterator, self._layout_acc_mn(qk_mma, c_s.layout))
-        c_o = pv_rs_thr.partition_C(cute.make_identity_tensor((L.M_TILE, pv_n)))
-        c_o_mn = cute.make_tensor(c_o.iterator, self._layout_acc_mn(pv_mma_rs, c_o.layout))
         rows_per_thr = cute.size(c_s_mn, mode=[0])
 
         wg_sync = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.wg_sync[0] + wg, num_threads=roles.THREADS_PER_WG)
@@ -822,7 +887,8 @@ class DecodeKernel:
             n = blk_hi - blk_lo
             k0 = k_global
             for i in cutlass.range_constexpr(rows_per_thr):
-                row = m_tile * L.M_TILE + c_s_mn[i, 0][0]
+                # laundered: row // heads is recomputed per request, not kept live (spilled)
+                row = ptx.launder(m_tile * L.M_TILE + c_s_mn[i, 0][0], req)
                 row_max[i] = -Float32.inf
                 row_sum[i] = 0.0
                 sigma_p[i] = 1.0
@@ -835,6 +901,8 @@ class DecodeKernel:
             for h in cutlass.range_constexpr(cfg.pv_splits):
                 acc_o[h].fill(0.0)
             hq = q_cons.wait_and_advance()
+            if r == 0 and wg_tidx == 0:
+                self.stamp("q_arrived", wg)
             first = (wg + k0) & 1  # my first block in this request (blocks alternate owners)
             if first == 1 and n >= 1:
                 kv_pipe.consumer_wait(self.kv_state(k0))
@@ -850,6 +918,8 @@ class DecodeKernel:
                 if cutlass.const_expr(not cfg.qk_early):
                     self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, stage)
                 warpgroup.wait_group(0)
+                if r == 0 and j == first and wg_tidx == 0:
+                    self.stamp("qk_done", wg)
                 valid = seqlen - blk * L.BLOCK_N
                 if cutlass.const_expr(cfg.transposer):
                     if wg_tidx == 0:
@@ -869,6 +939,8 @@ class DecodeKernel:
                     else:
                         self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, True)
                 t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
+                if r == 0 and j == first and wg_tidx == 0:
+                    self.stamp("softmax_done", wg)
                 # ---- publish P and the softmax state (and, without the transposer, Vᵀ)
                 if g >= 2:
                     self.pair_barrier(roles.BARRIERS.pfree, slot).arrive_and_wait()
@@ -928,6 +1000,8 @@ class DecodeKernel:
                 kv_pipe.consumer_release(self.kv_state(g))
             k_global = k0 + n
             hq.release()
+            if r == 0 and wg_tidx == 0:
+                self.stamp("pv_done", wg)
             # where this request's result goes: split rows of a request cut by a part boundary
             first = Int32(0)
             n_splits = Int32(1)
@@ -940,14 +1014,18 @@ class DecodeKernel:
                 first = s_plan[7]
                 n_splits = s_plan[8]
             self.epilogue(
-                acc_o_mn, c_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
-                m_tile, req, first + split, n_splits, n > 0, wg, wg_tidx,
+                pv_mma_rs, acc_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
+                m_tile, req, first + split, n_splits, n > 0, wg, wg_tidx, kv_addr,
             )
+            if r == 0 and wg_tidx == 0:
+                self.stamp("epilogue_done", wg)
             if n_splits > 1:
                 self.finish_split(
                     m_out, m_lse, m_o_partial, m_lse_partial, m_counters, kv_addr, m_tile, req, first, split,
                     n_splits, tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG,
                 )
+        if wg_tidx == 0:
+            self.stamp("exit", wg)
 
     @cute.jit
     def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, masked: cutlass.Constexpr):
@@ -1033,45 +1111,92 @@ class DecodeKernel:
 
     @cute.jit
     def epilogue(
-        self, acc_o_mn, c_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
-        m_tile, req, split_row, n_splits, any_blocks, wg, wg_tidx,
+        self, pv_mma_rs, acc_o_mn, row_max, sigma_p, row_sum, m_out, m_lse, m_o_partial, m_lse_partial,
+        m_tile, req, split_row, n_splits, any_blocks, wg, wg_tidx, kv_addr,
     ):
+        """This WG's 256 output columns, normalized by ℓ: bf16 into ``out`` (an unsplit
+        request) or fp32 into its split's partial row; and the LSE."""
         cfg = self.cfg
+        # this thread's coordinates from a laundered index: derived from the thread index
+        # before the block loop, ptxas kept (and, in causal variants, spilled) them
+        wg_tidx = ptx.launder(wg_tidx, req)
         pv_n = CONTENT_DIM // roles.NUM_CONSUMER_WGS // cfg.pv_splits
-        for i in cutlass.range_constexpr(cute.size(c_o_mn, mode=[0])):
+        c_o = pv_mma_rs.get_slice(wg_tidx).partition_C(cute.make_identity_tensor((L.M_TILE, pv_n)))
+        c_o_mn = cute.make_tensor(c_o.iterator, self._layout_acc_mn(pv_mma_rs, c_o.layout))
+        rows_per_thr = cute.size(c_o_mn, mode=[0])
+        inv = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        for i in cutlass.range_constexpr(rows_per_thr):
             row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
             ell = row_sum[i]
             if not any_blocks:
                 ell = 0.0
-            inv = Float32(0.0)
+            inv[i] = Float32(0.0)
             lse = -Float32.inf
             if ell > 0.0:
-                inv = Float32(1.0) / ell
+                inv[i] = Float32(1.0) / ell
                 lse = (row_max[i] + cute.math.log2(sigma_p[i] * ell, fastmath=False)) * Float32(LN2)
-            if row < cfg.rows:
-                # the accumulator holds pairs of adjacent columns: one 4-byte (bf16) or
-                # 8-byte (fp32) store per pair instead of two scalar ones
-                for h in cutlass.range_constexpr(cfg.pv_splits):
-                    for j in cutlass.range_constexpr(0, cute.size(acc_o_mn[h], mode=[1]), 2):
-                        col = (wg * cfg.pv_splits + h) * pv_n + c_o_mn[i, j][1]
-                        if n_splits == 1:
-                            pair = cute.make_rmem_tensor((2,), BFloat16)
-                            pair[0] = (acc_o_mn[h][i, j] * inv).to(BFloat16)
-                            pair[1] = (acc_o_mn[h][i, j + 1] * inv).to(BFloat16)
-                            cute.autovec_copy(pair, cute.local_tile(m_out[row, None, req], (2,), (col // 2,)))
-                        else:
-                            pair = cute.make_rmem_tensor((2,), Float32)
-                            pair[0] = acc_o_mn[h][i, j] * inv
-                            pair[1] = acc_o_mn[h][i, j + 1] * inv
-                            cute.autovec_copy(pair, cute.local_tile(m_o_partial[row, None, split_row], (2,), (col // 2,)))
-                # a split's LSE is written by both WGs (the same value); the CTA counts
-                # its split only after both WGs' writes (finish_split)
-                if wg_tidx % 4 == 0:
-                    if n_splits == 1:
-                        if wg == 0:
-                            m_lse[req, row % cfg.heads, row // cfg.heads] = lse
-                    else:
-                        m_lse_partial[row, split_row] = lse
+            # a split's LSE is written by both WGs (the same value); the CTA counts its
+            # split only after both WGs' writes (finish_split)
+            if row < cfg.rows and wg_tidx % 4 == 0:
+                if n_splits == 1:
+                    if wg == 0:
+                        m_lse[req, row % cfg.heads, row // cfg.heads] = lse
+                else:
+                    m_lse_partial[row, split_row] = lse
+        warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
+        buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES  # storage.epi (checked at launch)
+        if n_splits == 1:
+            self.store_tile(acc_o_mn, c_o_mn, inv, m_out, req, BFloat16, m_tile, wg, wg_tidx, buf)
+        else:
+            self.store_tile(acc_o_mn, c_o_mn, inv, m_o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
+
+    @cute.jit
+    def store_tile(self, acc_o_mn, c_o_mn, inv, m_dst, idx, dtype: cutlass.Constexpr, m_tile, wg, wg_tidx, buf):
+        """o·inv (per row) as ``dtype`` into ``m_dst[row, wg's columns, idx]`` through a
+        1 KB shared buffer per warp (8 rows x 128 bytes): a warp's accumulator holds 16
+        rows, 8 per pass (lane // 4, plus 8 in the second). Pairs of columns go to shared
+        memory (16-byte units XOR-swizzled by row: no bank conflicts either way) and leave
+        as 16-byte stores covering whole 128-byte lines. Stored straight from the
+        accumulator, a warp's store touches 8 rows' lines for 8 (4) bytes a lane, and the
+        per-line cost of the store path made the tile's writes the tail of a short split."""
+        cfg = self.cfg
+        pv_n = CONTENT_DIM // roles.NUM_CONSUMER_WGS // cfg.pv_splits
+        ebytes = dtype.width // 8
+        chunk_cols = EPI_ROW_BYTES // ebytes  # columns per pass
+        per_unit = 16 // ebytes
+        units = EPI_ROW_BYTES // 16
+        vals = chunk_cols // 4  # this thread's accumulator values per row per pass
+        lane = wg_tidx % 32
+        s_buf = cute.make_tensor(
+            cute.make_ptr(dtype, buf, cute.AddressSpace.smem, assumed_align=16),
+            cute.make_layout((EPI_ROWS, chunk_cols), stride=(chunk_cols, 1)),
+        )
+        for h in cutlass.range_constexpr(cfg.pv_splits):
+            for ch in cutlass.range_constexpr(pv_n // chunk_cols):
+                col0 = (wg * cfg.pv_splits + h) * pv_n + ch * chunk_cols
+                for i in cutlass.range_constexpr(cute.size(c_o_mn, mode=[0])):
+                    for j in cutlass.range_constexpr(ch * vals, (ch + 1) * vals, 2):
+                        lr = c_o_mn[i, j][0] % EPI_ROWS
+                        lc = c_o_mn[i, j][1] - ch * chunk_cols
+                        sc = ((lc // per_unit) ^ lr) * per_unit + lc % per_unit
+                        pair = cute.make_rmem_tensor((2,), dtype)
+                        pair[0] = (acc_o_mn[h][i, j] * inv[i]).to(dtype)
+                        pair[1] = (acc_o_mn[h][i, j + 1] * inv[i]).to(dtype)
+                        cute.autovec_copy(pair, cute.local_tile(s_buf[lr, None], (2,), (sc // 2,)))
+                    cute.arch.sync_warp()
+                    # the first row of this pass: the warp's 16-row slab, then 8 more
+                    row0 = m_tile * L.M_TILE + c_o_mn[i, 0][0] - lane // 4
+                    for k in cutlass.range_constexpr(EPI_ROWS * units // 32):
+                        item = lane + 32 * k
+                        lr = item // units
+                        u = item % units
+                        v = cute.make_rmem_tensor((per_unit,), dtype)
+                        cute.autovec_copy(cute.local_tile(s_buf[lr, None], (per_unit,), (u ^ lr,)), v)
+                        if row0 + lr < cfg.rows and not cutlass.const_expr("store" in cfg.skip):
+                            cute.autovec_copy(
+                                v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
+                            )
+                    cute.arch.sync_warp()
 
     @cute.jit
     def finish_split(
@@ -1085,12 +1210,15 @@ class DecodeKernel:
         part and goes on): lse = max + log Σ exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s.
         ``ctid``: 0..255 over both consumer WGs. The last merger resets the counters."""
         cfg = self.cfg
+        ctid = ptx.launder(ctid, req)  # its index math is not hoisted into the block loop (spills)
         pair = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pair_sync, num_threads=roles.PAIR_THREADS)
         cnt_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile), m_counters.layout)
         done_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile + 1), m_counters.layout)
-        cute.arch.fence_acq_rel_gpu()  # my partial writes, before the count
+        # the cooperative-groups grid-sync pattern: one thread fences for the CTA after a
+        # barrier (the fence is cumulative over the writes the barrier ordered before it)
         pair.arrive_and_wait()
         if ctid == 0:
+            cute.arch.fence_acq_rel_gpu()  # the pair's partial writes, before the count
             cute.arch.atomic_add(cnt_ptr, Int32(1), sem="release", scope="gpu")
         if split < n_splits - 1:
             if ctid == 0:
@@ -1101,8 +1229,9 @@ class DecodeKernel:
                     if cute.arch.globaltimer() - t0 > MERGE_WAIT_LIMIT_NS:
                         ptx.trap()
                     seen = cute.arch.load(cnt_ptr, Int32, sem="acquire", scope="gpu")
+                cute.arch.fence_acq_rel_gpu()  # every split's writes, after the count
+                self.stamp("count_seen")
             pair.arrive_and_wait()
-            cute.arch.fence_acq_rel_gpu()  # every split's writes, after the count
             n_p = n_splits - 1
             r0 = split * L.M_TILE // n_p
             r1 = (split + 1) * L.M_TILE // n_p
@@ -1110,20 +1239,39 @@ class DecodeKernel:
             nrows = r1 - r0
             # the KV stages are idle now (this is the part's last request): scratch
             s_lse = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16), cute.make_layout((L.M_TILE,)))
-            # 1. final LSE of each row of the share
-            if ctid < nrows:
-                row = m_tile * L.M_TILE + r0 + ctid
+            # 1. final LSE of each row of the share, a warp per row and a lane per split (all
+            # of a row's loads in flight at once); the splits' weights exp(lse_s - lse) go to
+            # shared memory for step 2, so its loads do not wait on an exp
+            s_w = cute.make_tensor(
+                cute.make_ptr(Float32, kv_addr + MERGE_W_OFFSET, cute.AddressSpace.smem, assumed_align=16),
+                cute.make_layout((L.M_TILE, MERGE_MAX_SPLITS), stride=(MERGE_MAX_SPLITS, 1)),
+            )
+            warp = ctid // 32
+            lane = ctid % 32
+            for lr in cutlass.range(warp, nrows, roles.PAIR_THREADS // 32, unroll=1):
+                row = m_tile * L.M_TILE + r0 + lr
                 lse_max = -Float32.inf
-                for sp in cutlass.range(n_splits, unroll=4):
-                    lse_max = cute.arch.fmax(lse_max, m_lse_partial[row, first + sp])
+                for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                    v = m_lse_partial[row, first + sp]
+                    s_w[lr, sp] = v
+                    lse_max = cute.arch.fmax(lse_max, v)
+                lse_max = cute.arch.warp_reduction_max(lse_max)
+                total = Float32(0.0)
+                if lse_max != -Float32.inf:
+                    for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                        total += cute.math.exp(s_w[lr, sp] - lse_max)
+                total = cute.arch.warp_reduction_sum(total)
                 lse = -Float32.inf
                 if lse_max != -Float32.inf:
-                    total = Float32(0.0)
-                    for sp in cutlass.range(n_splits, unroll=4):
-                        total += cute.math.exp(m_lse_partial[row, first + sp] - lse_max)
                     lse = lse_max + cute.math.log(total)
-                s_lse[ctid] = lse
-                m_lse[req, row % cfg.heads, row // cfg.heads] = lse
+                for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                    w = Float32(0.0)
+                    if lse != -Float32.inf:
+                        w = cute.math.exp(s_w[lr, sp] - lse)
+                    s_w[lr, sp] = w
+                if lane == 0:
+                    s_lse[lr] = lse
+                    m_lse[req, row % cfg.heads, row // cfg.heads] = lse
             pair.arrive_and_wait()
             # 2. out rows: items (row, 8 dims); with few items the splits are shared out too
             # (G groups, summed through shared memory)
@@ -1133,6 +1281,8 @@ class DecodeKernel:
                 G = 2
             if n_items * 4 <= roles.PAIR_THREADS:
                 G = 4
+            if n_items * 8 <= roles.PAIR_THREADS:
+                G = 8
             per_g = roles.PAIR_THREADS // G
             g = ctid // per_g
             s_acc = cute.make_tensor(
@@ -1147,11 +1297,20 @@ class DecodeKernel:
                 acc = cute.make_rmem_tensor((8,), Float32)
                 acc.fill(0.0)
                 if lse != -Float32.inf:
-                    for sp in cutlass.range(g, n_splits, G, unroll=4):  # loads in flight together
-                        w = cute.math.exp(m_lse_partial[row, first + sp] - lse)
-                        src = cute.make_rmem_tensor((8,), Float32)
-                        cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src)
-                        acc.store(acc.load() + src.load() * w)
+                    # MERGE_BATCH splits' loads issued together (predicated), then added in
+                    # split order: as a plain loop, ptxas waited for each load in turn
+                    for sp0 in cutlass.range(g, n_splits, G * MERGE_BATCH, unroll=1):
+                        src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
+                        ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
+                        for u in cutlass.range_constexpr(MERGE_BATCH):
+                            sp = sp0 + u * G
+                            src[u].fill(0.0)
+                            ws[u] = 0.0
+                            if sp < n_splits:
+                                ws[u] = s_w[lr, sp]
+                                cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src[u])
+                        for u in cutlass.range_constexpr(MERGE_BATCH):
+                            acc.store(acc.load() + src[u].load() * ws[u])
                 if G == 1:
                     res = cute.make_rmem_tensor((8,), BFloat16)
                     res.store(acc.load().to(BFloat16))
@@ -1177,6 +1336,7 @@ class DecodeKernel:
             # the last merger resets the counters for the next call
             pair.arrive_and_wait()
             if ctid == 0:
+                self.stamp("merged")
                 old = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
                 if old == n_p - 1:
                     m_counters[req, 2 * m_tile] = 0
