@@ -279,3 +279,17 @@ def test_stuck_merge_fails_the_launch_instead_of_hanging():
     assert "FAILED after" in out, out[-2000:]
     waited = float(out.split("FAILED after ")[1].split(" s")[0])
     assert 3.0 <= waited <= 60.0, out[-2000:]
+
+
+def test_emulation_is_the_same_on_gpu_and_cpu(seed):
+    """The references run on the GPU in these tests: the tensor-core adder model must give
+    the CPU's bits there (it did not while 2^e came from pow: a 7e-5 score difference at
+    softmax scale 30 made test_extreme_score_ranges miss its LSE tolerance)."""
+    gen = torch.Generator().manual_seed(seed)
+    a = ref.to_e4m3(torch.randn(64, 512, generator=gen) * 2.0 ** torch.randint(-6, 7, (64, 1), generator=gen)).float()
+    b = ref.to_e4m3(torch.randn(256, 512, generator=gen) * 2.0 ** torch.randint(-6, 7, (256, 1), generator=gen)).float()
+    ar = torch.randn(64, 64, generator=gen).bfloat16().float()
+    br = (torch.randn(256, 64, generator=gen) * 100).bfloat16().float()
+    cpu = ref.tensor_core_mma(ar, br, ref.tensor_core_mma(a, b), kind="bf16")
+    gpu = ref.tensor_core_mma(ar.cuda(), br.cuda(), ref.tensor_core_mma(a.cuda(), b.cuda()), kind="bf16")
+    assert torch.equal(gpu.cpu(), cpu)

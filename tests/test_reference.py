@@ -263,3 +263,12 @@ def test_emulation_modes():
     assert 0 < ref.rel_l2(o_h, o_x) < 1e-2  # different adders, same algorithm
     with pytest.raises(ValueError, match="mma"):
         ref.mla_decode_emulated(q, k, bt, L, config="A", mma="hopper")
+
+
+def test_pow2_is_exact_over_the_emulations_exponent_range():
+    """The tensor-core adder model truncates at 2^e boundaries; 2^e must be exact on every
+    device (torch.ldexp goes through pow(2, e), which CUDA rounds for some e)."""
+    e = torch.arange(-1000, 1001)
+    got = ref._pow2(e)
+    assert got.dtype == torch.float64
+    assert got.tolist() == [2.0**int(k) for k in e]
