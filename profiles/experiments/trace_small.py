@@ -48,7 +48,8 @@ def summarize(t):
     rel[t == -1] = -1
     work = t[:, TRACE_EVENTS["kv_issued"]] != -1
     out = [f"CTAs {t.shape[0]}, with KV work {int(work.sum())}"]
-    order = ["start", "lengths_read"] + [k for k in TRACE_EVENTS if k not in ("start", "lengths_read")]
+    plan = ("start", "lengths_read", "splits_counted", "part_planned")
+    order = list(plan) + [k for k in TRACE_EVENTS if k not in plan]
     for k, v in ((k, TRACE_EVENTS[k]) for k in order):
         if k == "smid":
             continue

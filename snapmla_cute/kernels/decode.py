@@ -132,7 +132,8 @@ EPI_BYTES = EPI_ROWS * EPI_ROW_BYTES
 # DecodeConfig.trace: word k of a CTA's 32 (consumer milestones at 16·wg + k)
 TRACE_EVENTS = dict(
     start=0, planned=1, q_issued=2, kv_issued=3, q_arrived=4, qk_done=5, softmax_done=6, pv_done=7,
-    epilogue_done=8, count_seen=9, merged=10, exit=11, lengths_read=12, smid=15,
+    epilogue_done=8, count_seen=9, merged=10, exit=11, lengths_read=12, splits_counted=13,
+    part_planned=14, smid=15,
 )
 TRACE_WORDS = 32
 
@@ -514,7 +515,9 @@ class DecodeKernel:
         width = cutlass.max((total + num_parts - 1) // num_parts, 1)
         self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, self.threads)
         if tidx == 0:
+            self.stamp("splits_counted")
             b_req, b_blk, e_req, e_blk, split = self.planner.part_plan(s_pre, batch, total, width, part)
+            self.stamp("part_planned")
             s_plan[0] = b_req
             s_plan[1] = b_blk
             s_plan[2] = e_req
