@@ -26,7 +26,7 @@ SMALL_SHAPES = [  # with --small
 ]
 DEFAULT_VARIANTS = {
     "default": {},
-    "PV N=64": {"pv_splits": 4},
+    "idle parts exit (no merge helpers)": {"merge_helpers": False},
 }
 
 

@@ -84,6 +84,9 @@ class DecodeConfig:
     # this WG's barrier on its own P stores sits right before its PV of that block instead
     # of right after the stores (by then the four warps' skew is gone)
     late_p_sync: bool = True
+    # parts with no KV work help merge the split requests (plan: helper k takes request
+    # k mod b) instead of exiting: a short split's merge is bound by each merger's reads
+    merge_helpers: bool = True
     # Profiling only (wrong results): stages left out to time the rest, e.g. ("transpose",).
     # METHOD.md's "time variants that leave one stage out"; never set by the library.
     skip: tuple = ()
@@ -533,6 +536,22 @@ class DecodeKernel:
             if e_req >= 0:
                 s_plan[7] = s_split[e_req]
                 s_plan[8] = s_split[e_req + 1] - s_split[e_req]
+            # parts past the work (idle: p·width >= total) help merge split requests:
+            # helper k takes request k mod b if it is split, as merger n_splits - 1 + k div b
+            busy = (total + width - 1) // width
+            helpers = cutlass.max(num_parts - busy, 0)
+            s_plan[9] = helpers
+            s_plan[10] = -1
+            k = part - busy
+            if k >= 0 and batch > 0:
+                hr = k % batch
+                hn = s_split[hr + 1] - s_split[hr]
+                if hn >= 2:
+                    s_plan[10] = hr
+                    s_plan[11] = s_split[hr]
+                    s_plan[12] = hn - 1 + k // batch
+                    s_plan[13] = hn
+                    s_plan[14] = hn - 1 + (helpers - 1 - hr) // batch + 1
             if m_tile == 0:
                 for k in cutlass.range_constexpr(5):
                     m_sched[part, k] = s_plan[k]
@@ -1023,9 +1042,22 @@ class DecodeKernel:
             if r == 0 and wg_tidx == 0:
                 self.stamp("epilogue_done", wg)
             if n_splits > 1:
+                # mergers: splits 0..n-2 and the idle parts helping this request (plan)
+                helpers = s_plan[9] if cutlass.const_expr(cfg.merge_helpers) else Int32(0)
+                n_mergers = n_splits - 1
+                if helpers > req:
+                    n_mergers += (helpers - 1 - req) // m_seqlens.shape[0] + 1
                 self.finish_split(
                     m_out, m_lse, m_o_partial, m_lse_partial, m_counters, kv_addr, m_tile, req, first, split,
-                    n_splits, tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG,
+                    n_splits, n_mergers, tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG, True,
+                )
+        if cutlass.const_expr(cfg.merge_helpers):
+            if s_plan[10] >= 0:
+                # an idle part: merge a share of a split request's rows (plan)
+                self.finish_split(
+                    m_out, m_lse, m_o_partial, m_lse_partial, m_counters, kv_addr, m_tile, s_plan[10], s_plan[11],
+                    s_plan[12], s_plan[13], s_plan[14], tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG,
+                    False,
                 )
         if wg_tidx == 0:
             self.stamp("exit", wg)
@@ -1204,14 +1236,16 @@ class DecodeKernel:
     @cute.jit
     def finish_split(
         self, m_out, m_lse, m_o_partial, m_lse_partial, m_counters, kv_addr, m_tile, req, first, split,
-        n_splits, ctid,
+        n_splits, n_mergers, ctid, is_split: cutlass.Constexpr,
     ):
         """Split-KV merge without a second kernel (the launch is cooperative, so every
         part's CTA is resident). Each split counts itself once its partial result is
-        written. Splits 0..n-2 process the request last in their part; they wait for the
-        count and merge a share of its rows each (the last split processes it first in its
-        part and goes on): lse = max + log Σ exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s.
-        ``ctid``: 0..255 over both consumer WGs. The last merger resets the counters."""
+        written. Splits 0..n-2 process the request last in their part; they, and the idle
+        parts the plan sends to help (``is_split`` False; ``split`` is then the merger
+        index), wait for the count and merge a share of its rows each (the last split
+        processes it first in its part and goes on): lse = max + log Σ exp(lse_s - max),
+        out = Σ exp(lse_s - lse)·O_s. ``n_mergers`` share the rows; ``ctid``: 0..255 over
+        both consumer WGs. The last merger resets the counters."""
         cfg = self.cfg
         ctid = ptx.launder(ctid, req)  # its index math is not hoisted into the block loop (spills)
         pair = pipeline.NamedBarrier(barrier_id=roles.BARRIERS.pair_sync, num_threads=roles.PAIR_THREADS)
@@ -1219,11 +1253,12 @@ class DecodeKernel:
         done_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile + 1), m_counters.layout)
         # the cooperative-groups grid-sync pattern: one thread fences for the CTA after a
         # barrier (the fence is cumulative over the writes the barrier ordered before it)
-        pair.arrive_and_wait()
-        if ctid == 0:
-            cute.arch.fence_acq_rel_gpu()  # the pair's partial writes, before the count
-            cute.arch.atomic_add(cnt_ptr, Int32(1), sem="release", scope="gpu")
-        if split < n_splits - 1:
+        if cutlass.const_expr(is_split):
+            pair.arrive_and_wait()
+            if ctid == 0:
+                cute.arch.fence_acq_rel_gpu()  # the pair's partial writes, before the count
+                cute.arch.atomic_add(cnt_ptr, Int32(1), sem="release", scope="gpu")
+        if split < n_splits - 1 or not is_split:
             if ctid == 0:
                 # bounded: a count that never arrives is a bug; fail the launch, never hang
                 t0 = cute.arch.globaltimer()
@@ -1235,7 +1270,7 @@ class DecodeKernel:
                 cute.arch.fence_acq_rel_gpu()  # every split's writes, after the count
                 self.stamp("count_seen")
             pair.arrive_and_wait()
-            n_p = n_splits - 1
+            n_p = n_mergers
             r0 = split * L.M_TILE // n_p
             r1 = (split + 1) * L.M_TILE // n_p
             r1 = cutlass.min(r1, cfg.rows - m_tile * L.M_TILE)
