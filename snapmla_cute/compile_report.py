@@ -16,19 +16,22 @@ from snapmla_cute import jit_cache
 from snapmla_cute.sass import kernel_resources, sass_counts
 
 
+# (heads, s_q, page_size, causal): the quick set, and the shapes of the non-default layouts
+QUICK_SHAPES = [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 32, True), (32, 3, 128, False)]
+
+
 def decode_variants(full: bool = True) -> list:
     from snapmla_cute.format import PAGE_SIZES
     from snapmla_cute.kernels.decode import DecodeConfig
     from snapmla_cute.ops import HEADS, MAX_S_Q
 
     if not full:
-        shapes = [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 32, True), (32, 3, 128, False)]
+        shapes = QUICK_SHAPES
     else:
         shapes = list(itertools.product(HEADS, range(1, MAX_S_Q + 1), PAGE_SIZES, (False, True)))
     out = [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
     # the non-default layout (no transposer warpgroup) at the quick shapes
-    quick = [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 32, True), (32, 3, 128, False)]
-    return out + [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, transposer=False) for h, s, p, c in quick]
+    return out + [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, transposer=False) for h, s, p, c in QUICK_SHAPES]
 
 
 def all_variants(full: bool = True) -> list[tuple[str, object]]:

@@ -20,7 +20,8 @@ the KV blocks the split-KV scheduler gave its part. Per 64-token block:
 
 6. Epilogue: o/ℓ through a 1 KB shared buffer per warp, leaving as 16-byte stores of whole
    128-byte lines (bf16 ``out``, or the fp32 partial of a split request); splits are merged
-   in the same launch by the splits that finish first (``finish_split``).
+   in the same launch by the splits that process the request last in their part and by
+   the parts left without KV work (``finish_split``).
 
 The two consumer WGs own alternate blocks and are software-pipelined (see ``consume``);
 the producer warp streams Q and the KV blocks through a 4-stage TMA/mbarrier ring; a
@@ -94,6 +95,11 @@ class DecodeConfig:
     # over the last split slab of the fp32 partials (``TRACE_EVENTS``; see
     # ``profiles/experiments/trace_small.py``). Never set by the library.
     trace: bool = False
+
+    @property
+    def pv_n(self) -> int:
+        """N of one PV GEMM: a consumer WG's 256 output dims over ``pv_splits``."""
+        return CONTENT_DIM // roles.NUM_CONSUMER_WGS // self.pv_splits
 
     @property
     def rows(self) -> int:
@@ -263,7 +269,7 @@ class DecodeKernel:
         K = OperandMajorMode.K
         qk_mma = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
         qk_rope_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
-        pv_n = CONTENT_DIM // roles.NUM_CONSUMER_WGS // cfg.pv_splits
+        pv_n = cfg.pv_n
         pv_mma_rs = sm90_utils.make_trivial_tiled_mma(
             FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n), warpgroup.OperandSource.RMEM
         )
@@ -551,6 +557,8 @@ class DecodeKernel:
                     s_plan[11] = s_split[hr]
                     s_plan[12] = hn - 1 + k // batch
                     s_plan[13] = hn
+                    # merger_count(hn, helpers, hr, batch) without its test (hr <= k <
+                    # helpers here); written out, the plan keeps the code the GPU ran
                     s_plan[14] = hn - 1 + (helpers - 1 - hr) // batch + 1
             if m_tile == 0:
                 for k in cutlass.range_constexpr(5):
@@ -563,6 +571,15 @@ class DecodeKernel:
         # the producer's TMA writes (async proxy) follow these generic writes to the scratch
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_threads()
+
+    @cute.jit
+    def merger_count(self, n_splits, helpers, req, batch):
+        """Mergers of a split request: its splits 0..n-2, plus the idle parts k < ``helpers``
+        with k mod b = req (the plan's helper assignment)."""
+        n = n_splits - 1
+        if helpers > req:
+            n += (helpers - 1 - req) // batch + 1
+        return n
 
     @cute.jit
     def read_plan(self, s_plan, m_seqlens):
@@ -852,8 +869,7 @@ class DecodeKernel:
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         wg_tidx = tidx % roles.THREADS_PER_WG
-        half = CONTENT_DIM // roles.NUM_CONSUMER_WGS
-        pv_n = half // cfg.pv_splits
+        pv_n = cfg.pv_n
         # Accumulate modes are set once here: set() inside a staged branch would rebind the
         # MMA's state in that region (the DSL's dominance rule).
         for mma in (qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss):
@@ -1042,11 +1058,8 @@ class DecodeKernel:
             if r == 0 and wg_tidx == 0:
                 self.stamp("epilogue_done", wg)
             if n_splits > 1:
-                # mergers: splits 0..n-2 and the idle parts helping this request (plan)
                 helpers = s_plan[9] if cutlass.const_expr(cfg.merge_helpers) else Int32(0)
-                n_mergers = n_splits - 1
-                if helpers > req:
-                    n_mergers += (helpers - 1 - req) // m_seqlens.shape[0] + 1
+                n_mergers = self.merger_count(n_splits, helpers, req, m_seqlens.shape[0])
                 self.finish_split(
                     m_out, m_lse, m_o_partial, m_lse_partial, m_counters, kv_addr, m_tile, req, first, split,
                     n_splits, n_mergers, tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG, True,
@@ -1155,7 +1168,7 @@ class DecodeKernel:
         # this thread's coordinates from a laundered index: derived from the thread index
         # before the block loop, ptxas kept (and, in causal variants, spilled) them
         wg_tidx = ptx.launder(wg_tidx, req)
-        pv_n = CONTENT_DIM // roles.NUM_CONSUMER_WGS // cfg.pv_splits
+        pv_n = cfg.pv_n
         c_o = pv_mma_rs.get_slice(wg_tidx).partition_C(cute.make_identity_tensor((L.M_TILE, pv_n)))
         c_o_mn = cute.make_tensor(c_o.iterator, self._layout_acc_mn(pv_mma_rs, c_o.layout))
         rows_per_thr = cute.size(c_o_mn, mode=[0])
@@ -1195,7 +1208,7 @@ class DecodeKernel:
         accumulator, a warp's store touches 8 rows' lines for 8 (4) bytes a lane, and the
         per-line cost of the store path made the tile's writes the tail of a short split."""
         cfg = self.cfg
-        pv_n = CONTENT_DIM // roles.NUM_CONSUMER_WGS // cfg.pv_splits
+        pv_n = cfg.pv_n
         ebytes = dtype.width // 8
         chunk_cols = EPI_ROW_BYTES // ebytes  # columns per pass
         per_unit = 16 // ebytes
