@@ -66,6 +66,7 @@ def _report_one(args) -> dict:
         local_st=counts.local_st,
         qgmma=counts.qgmma,
         hgmma=counts.hgmma,
+        gmma_run=counts.gmma_run,
         sass_instructions=counts.instructions,
     )
 
@@ -91,7 +92,8 @@ def compile_report(arch: str = "sm_90a", variants=None, jobs: int = 1) -> list[d
 
 
 def violations(rows) -> list[str]:
-    """What CI rejects: local-memory traffic anywhere; a decode variant without QGMMA or HGMMA."""
+    """What CI rejects: local-memory traffic anywhere; a decode variant without QGMMA or HGMMA,
+    or with its warpgroup MMAs serialized by ptxas (each waiting for the previous one)."""
     bad = []
     for r in rows:
         where = f"{r['kernel']} [{r['variant']}]"
@@ -99,6 +101,8 @@ def violations(rows) -> list[str]:
             bad.append(f"{where}: local memory ({r['local_ld']} LDL, {r['local_st']} STL, {r['frame_bytes']} B frame)")
         if r["kernel"] in ("decode", "decode_step", "decode_step_q") and (r["qgmma"] == 0 or r["hgmma"] == 0):
             bad.append(f"{where}: QGMMA {r['qgmma']}, HGMMA {r['hgmma']}")
+        if r["kernel"] in ("decode", "decode_step", "decode_step_q") and r["gmma_run"] < 2:
+            bad.append(f"{where}: warpgroup MMAs serialized (longest GMMA run without a wait: {r['gmma_run']})")
     return bad
 
 

@@ -28,6 +28,10 @@ class SassCounts:
     local_ld: int  # LDL: local-memory loads (spills, stack arrays)
     local_st: int  # STL
     instructions: int
+    # longest run of GMMAs with no WARPGROUP.DEPBAR between them: 1 when ptxas serialized the
+    # warpgroup MMAs (C7511 "insufficient register resources for the wgmma pipeline": every
+    # GMMA then waits for the previous one), the QK chain's length (20) when it did not
+    gmma_run: int = 0
 
     @property
     def local_traffic(self) -> int:
@@ -116,10 +120,18 @@ _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 def sass_counts(sass: str) -> SassCounts:
     opcodes = [m.group(2) for m in _INSTR.finditer(sass)]
     base = [op.split(".")[0] for op in opcodes]
+    run = best = 0
+    for op, full in zip(base, opcodes):
+        if op in ("QGMMA", "HGMMA"):
+            run += 1
+            best = max(best, run)
+        elif full.startswith("WARPGROUP.DEPBAR"):
+            run = 0
     return SassCounts(
         qgmma=base.count("QGMMA"),
         hgmma=base.count("HGMMA"),
         local_ld=base.count("LDL"),
         local_st=base.count("STL"),
         instructions=len(opcodes),
+        gmma_run=best,
     )

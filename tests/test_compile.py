@@ -35,9 +35,9 @@ def test_decode_variants_run_fp8_and_bf16_warpgroup_mmas(report):
 
 def test_violations_are_detected():
     rows = [
-        dict(kernel="decode", variant="x", local_ld=0, local_st=0, frame_bytes=0, qgmma=0, hgmma=4),
+        dict(kernel="decode", variant="x", local_ld=0, local_st=0, frame_bytes=0, qgmma=0, hgmma=4, gmma_run=4),
         dict(kernel="quant_q", variant="-", local_ld=3, local_st=0, frame_bytes=0, qgmma=0, hgmma=0),
-        dict(kernel="decode", variant="y", local_ld=0, local_st=0, frame_bytes=0, qgmma=20, hgmma=4),
+        dict(kernel="decode", variant="y", local_ld=0, local_st=0, frame_bytes=0, qgmma=20, hgmma=4, gmma_run=20),
     ]
     bad = violations(rows)
     assert len(bad) == 2 and "QGMMA 0" in bad[0] and "local memory" in bad[1]
@@ -80,6 +80,30 @@ def test_sass_counter_reads_mma_and_local_memory():
     """
     c = sass_counts(listing)
     assert (c.qgmma, c.hgmma, c.local_st, c.local_ld, c.instructions) == (1, 1, 1, 1, 5)
+
+
+def test_sass_counter_sees_serialized_warpgroup_mmas():
+    """ptxas serializes the GMMAs (C7511) when the wgmma pipeline lacks registers: each one
+    then waits for the previous (the fifth session's default did, unnoticed, at 2x the
+    softmax time); CI rejects decode variants in that state."""
+    chained = """
+        /*0100*/                   QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR16], RZ, !UPT ;
+        /*0110*/                   QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR20], R24 ;
+        /*0120*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR24], R24, gsb0 ;
+        /*0130*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+    """
+    serialized = """
+        /*0100*/                   QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR16], RZ, !UPT, gsb0 ;
+        /*0110*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0120*/                   WARPGROUP.ARRIVE ;
+        /*0130*/                   QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR20], R24, gsb0 ;
+        /*0140*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+    """
+    assert sass_counts(chained).gmma_run == 3
+    assert sass_counts(serialized).gmma_run == 1
+    row = dict(kernel="decode_step", variant="v", local_ld=0, local_st=0, frame_bytes=0, qgmma=2, hgmma=1, gmma_run=1)
+    assert any("serialized" in v for v in violations([row]))
+    assert not violations([dict(row, gmma_run=20)])
 
 
 def test_decode_shared_storage_over_the_sm90_limit_is_refused_at_trace_time(monkeypatch):

@@ -68,12 +68,15 @@ class DecodeConfig:
     page_size: int
     causal: bool
     kv_stages: int = 4
-    # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note; 2 (N = 128, a
-    # 64-register temporary that S shares) measured 3% faster than 4 (N = 64) on s_k4096
-    pv_splits: int = 2
-    # PV temporaries: with 2 a GEMM is issued before the previous one is added (measured 3%
-    # faster on b128 h128 s_k4096, but causal s_q>1 variants then spill)
-    pv_temps: int = 1
+    # PV GEMMs per consumer WG (N = 256 / pv_splits), see the module note. 4 (N = 64) with
+    # two 32-register temporaries, S in the first: S and the temporaries then have one
+    # WGMMA shape. 2 (N = 128, S in the 64-register temporary) made ptxas serialize every
+    # warpgroup MMA (C7511) in 27 of the 138 CI variants, the fifth session's default among
+    # them until the softmax changed; unserialized, the two measured within noise (s_k4096
+    # 209-231 vs 220-222 µs, s_q2, h64 and s_k640 equal)
+    pv_splits: int = 4
+    # PV temporaries: with 2 a GEMM is issued before the previous one is added
+    pv_temps: int = 2
     qk_early: bool = True  # issue QK of block j+2 right after PV(j) instead of when j+2 starts
     # whole blocks (every block but a request's last) skip the per-element masking of the
     # softmax and the transposition; False sends every block through the masked code (A/B)
@@ -95,6 +98,16 @@ class DecodeConfig:
     # over the last split slab of the fp32 partials (``TRACE_EVENTS``; see
     # ``profiles/experiments/trace_small.py``). Never set by the library.
     trace: bool = False
+    # Profiling only: SM clock stamps of each consumer WG's first LOOP_ITERS owned blocks
+    # (``LOOP_EVENTS``), of the producer's stage acquisitions and of the transposer, over the
+    # second-to-last split slab (``profiles/experiments/trace_loop.py``). Never set by the library.
+    trace_loop: bool = False
+    # σ_k of a block loaded before the state wait (not in the softmax)
+    ks_early: bool = True
+    # S in the first PV temporary's registers (their lives do not overlap). Without it
+    # ptxas keeps both and spills (~500 B); with it and a different WGMMA shape for S and
+    # the temporary (pv_splits=2) ptxas serializes the warpgroup MMAs in some variants
+    s_alias: bool = True
 
     @property
     def pv_n(self) -> int:
@@ -145,6 +158,16 @@ TRACE_EVENTS = dict(
     part_planned=14, smid=15,
 )
 TRACE_WORDS = 32
+# DecodeConfig.trace_loop: per CTA, [wg][owned iteration][event] then per block g < LOOP_BLOCKS
+# the producer's acquire (KV stage free), the transposer's start (K read) and end (Vᵀ written)
+LOOP_EVENTS = dict(
+    top=0, qk_waited=1, state_waited=2, sm_max=3, sm_exp=4, softmax_done=5, p_published=6, vt_waited=7, pv_done=8,
+    kv_waited=9, qk_issued=10,
+)
+LOOP_ITERS = 16
+LOOP_BLOCKS = 32
+LOOP_PROD = 2 * LOOP_ITERS * len(LOOP_EVENTS)
+LOOP_WORDS = LOOP_PROD + 3 * LOOP_BLOCKS
 
 
 class DecodeKernel:
@@ -396,6 +419,14 @@ class DecodeKernel:
                 cute.make_layout((cfg.m_tiles * m_sched.shape[0], TRACE_WORDS), stride=(TRACE_WORDS, 1)),
             )
             self._trace_cta = part * cfg.m_tiles + m_tile
+        self._ltrace = None
+        if cutlass.const_expr(cfg.trace_loop):
+            slab = (m_o_partial.shape[2] - 2) * cfg.rows * CONTENT_DIM
+            self._ltrace = cute.make_tensor(
+                cute.recast_ptr(m_o_partial.iterator + slab, dtype=Int32),
+                cute.make_layout((cfg.m_tiles * m_sched.shape[0], LOOP_WORDS), stride=(LOOP_WORDS, 1)),
+            )
+            self._ltrace_cta = part * cfg.m_tiles + m_tile
         if tidx == 0:
             self.stamp("start")
         if warp_idx == 0:
@@ -505,6 +536,21 @@ class DecodeKernel:
             if cutlass.const_expr(event == "start"):
                 self._trace[self._trace_cta, TRACE_EVENTS["smid"]] = Int32(cute.arch.smid())
             self._trace[self._trace_cta, TRACE_EVENTS[event] + 16 * wg] = t
+
+    @cute.jit
+    def lstamp(self, word):
+        """DecodeConfig.trace_loop: this SM's clock at ``word`` of the CTA's loop trace (the
+        caller guards: one thread, within the traced window)."""
+        if cutlass.const_expr(self.cfg.trace_loop):
+            self._ltrace[self._ltrace_cta, word] = Int32(cute.arch.clock())
+
+    @cute.jit
+    def lstamp_it(self, event: cutlass.Constexpr, wg, r, j, wg_tidx):
+        """A consumer WG's loop event for its owned block j of the part's first request."""
+        if cutlass.const_expr(self.cfg.trace_loop):
+            it = j // 2
+            if r == 0 and it < LOOP_ITERS and wg_tidx == 0:
+                self.lstamp((wg * LOOP_ITERS + it) * len(LOOP_EVENTS) + LOOP_EVENTS[event])
 
     @cute.jit
     def plan(self, m_seqlens, m_sched, m_split_offsets, scratch_ptr, s_scan, s_plan, m_tile, part, tidx):
@@ -653,6 +699,9 @@ class DecodeKernel:
             cached = Int32(OOB_PAGE)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 hk = kv_prod.acquire_and_advance()
+                if cutlass.const_expr(cfg.trace_loop):
+                    if r == 0 and blk - blk_lo < LOOP_BLOCKS and lane == 0:
+                        self.lstamp(LOOP_PROD + blk - blk_lo)
                 for sub in cutlass.range_constexpr(self.n_sub):
                     tok = blk * L.BLOCK_N + sub * br
                     entry = tok // cfg.page_size
@@ -692,6 +741,12 @@ class DecodeKernel:
     def wait_state(self, s_state, c_s_mn, slot, row_max, sigma_p, row_sum, gamma_o):
         """Waits for the other WG's block in ``slot`` and reads its softmax state."""
         self.pair_barrier(roles.BARRIERS.state, slot).arrive_and_wait()
+        self.read_state(s_state, c_s_mn, slot, row_max, sigma_p, row_sum, gamma_o)
+
+    @cute.jit
+    def read_state(self, s_state, c_s_mn, slot, row_max, sigma_p, row_sum, gamma_o):
+        """The softmax state published in ``slot`` (a WG's own slot is its WG index: blocks
+        alternate owners and slots alike)."""
         for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
             lr = c_s_mn[i, 0][0]
             row_max[i] = s_state[lr, 0, slot]
@@ -790,12 +845,18 @@ class DecodeKernel:
         for g in cutlass.range(total, unroll=1):
             stage = self.stage_of(g)
             cute.arch.mbarrier_wait(qk_mbar + stage, self.kv_state(g).phase)
+            if cutlass.const_expr(self.cfg.trace_loop):
+                if g < LOOP_BLOCKS and wg_tidx == 0:
+                    self.lstamp(LOOP_PROD + LOOP_BLOCKS + g)
             valid = s_valid[stage]
             tid = ptx.launder(wg_tidx, g)  # lane addresses recomputed per block, not spilled
             if cutlass.const_expr("transpose" not in self.cfg.skip):
                 self.transpose_block(kv_addr, stage, valid, sync, tid)
             cute.arch.fence_proxy("async.shared", space="cta")  # stmatrix, then WGMMA reads
             cute.arch.mbarrier_arrive(vt_mbar + stage)
+            if cutlass.const_expr(self.cfg.trace_loop):
+                if g < LOOP_BLOCKS and wg_tidx == 0:
+                    self.lstamp(LOOP_PROD + 2 * LOOP_BLOCKS + g)
 
     @cute.jit
     def kv_state(self, g):
@@ -899,9 +960,9 @@ class DecodeKernel:
         temps_mn = [cute.make_tensor(t.iterator, self._layout_acc_mn(pv_mma_rs, t.layout)) for t in temps]
         acc_t = temps[0]
         acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
-        if cutlass.const_expr(cute.size(acc_t) >= cute.size(acc_s)):
+        if cutlass.const_expr(cfg.s_alias and cute.size(acc_t) >= cute.size(acc_s)):
             # S and a PV temporary are never live together (QK(j+2) is issued after this
-            # block's PV), so S borrows the temporary's registers
+            # block's PV), so S may borrow the temporary's registers
             acc_s = cute.make_tensor(acc_t.iterator, acc_s.layout)
         acc_s_mn = cute.make_tensor(acc_s.iterator, self._layout_acc_mn(qk_mma, acc_s.layout))
         c_s = qk_thr.partition_C(cute.make_identity_tensor((L.M_TILE, L.BLOCK_N)))
@@ -953,9 +1014,21 @@ class DecodeKernel:
                 stage = self.stage_of(g)
                 slot = g & 1
                 blk = blk_lo + j
+                self.lstamp_it("top", wg, r, j, wg_tidx)
                 if cutlass.const_expr(not cfg.qk_early):
                     self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, stage)
                 warpgroup.wait_group(0)
+                self.lstamp_it("qk_waited", wg, r, j, wg_tidx)
+                ks_pre = None
+                if cutlass.const_expr(cfg.ks_early):
+                    # σ_k of this thread's columns, loaded before the state wait (in the
+                    # softmax the loads' latency was on the chain); not before the QK wait:
+                    # 16 more registers live beside the QK in flight made ptxas serialize
+                    # the warpgroup MMAs in some variants
+                    ks_pre = cute.make_rmem_tensor((cute.size(c_s_mn, mode=[1]),), Float32)
+                    for jj in cutlass.range_constexpr(cute.size(c_s_mn, mode=[1])):
+                        c = c_s_mn[0, jj][1]
+                        ks_pre[jj] = s_ks[c % cfg.box_rows, c // cfg.box_rows, stage]
                 if r == 0 and j == first and wg_tidx == 0:
                     self.stamp("qk_done", wg)
                 valid = seqlen - blk * L.BLOCK_N
@@ -970,13 +1043,29 @@ class DecodeKernel:
                     self.transpose_block(kv_addr, stage, valid, wg_sync, wg_tidx)
                 if j >= 1:
                     self.wait_state(s_state, c_s_mn, 1 - slot, row_max, sigma_p, row_sum, gamma_o)
+                else:
+                    # defined on every path: the state is not carried across iterations (it
+                    # is re-read from s_state, the WG's own at the end), so its registers are
+                    # free outside the softmax
+                    for i in cutlass.range_constexpr(rows_per_thr):
+                        row_max[i] = -Float32.inf
+                        row_sum[i] = 0.0
+                        sigma_p[i] = 1.0
+                self.lstamp_it("state_waited", wg, r, j, wg_tidx)
                 # ---- softmax with V-scale fusion and block-wise P quantization
                 if cutlass.const_expr("softmax" not in cfg.skip):
                     if valid - (cfg.s_q - 1 if cfg.causal else 0) >= (L.BLOCK_N if cfg.whole_blocks else 1 << 30):
-                        self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, False)
+                        self.softmax(
+                            acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p,
+                            gamma, False, (lambda ev: self.lstamp_it(ev, wg, r, j, wg_tidx)) if cfg.trace_loop else None, ks_pre,
+                        )
                     else:
-                        self.softmax(acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, True)
+                        self.softmax(
+                            acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p,
+                            gamma, True, None, ks_pre,
+                        )
                 t_p = self._acc_to_fp8_operand(acc_s, pv_mma_rs.tv_layout_A)
+                self.lstamp_it("softmax_done", wg, r, j, wg_tidx)
                 if r == 0 and j == first and wg_tidx == 0:
                     self.stamp("softmax_done", wg)
                 # ---- publish P and the softmax state (and, without the transposer, Vᵀ)
@@ -997,11 +1086,13 @@ class DecodeKernel:
                 if cutlass.const_expr(not cfg.late_p_sync):
                     wg_sync.arrive_and_wait()
                 self.pair_barrier(roles.BARRIERS.state, slot).arrive()
+                self.lstamp_it("p_published", wg, r, j, wg_tidx)
                 # ---- PV of block j-1 (P from the other WG), then of block j (own P)
                 if cutlass.const_expr(cfg.transposer):
                     if j >= 1:
                         self.wait_vt(vt_mbar, g - 1)
                     self.wait_vt(vt_mbar, g)
+                self.lstamp_it("vt_waited", wg, r, j, wg_tidx)
                 if j >= 1:
                     if cutlass.const_expr("pv" not in cfg.skip):
                         self.pv_blocks(
@@ -1018,15 +1109,22 @@ class DecodeKernel:
                             wg_sync if cfg.late_p_sync else None,
                         )
                 kv_pipe.consumer_release(self.kv_state(g))
+                self.lstamp_it("pv_done", wg, r, j, wg_tidx)
                 # ---- next owned block: its QK runs while this WG waits for the other's state
                 if j + 1 < n:
                     kv_pipe.consumer_wait(self.kv_state(g + 1))
                 if j + 2 < n:
                     kv_pipe.consumer_wait(self.kv_state(g + 2))
+                    self.lstamp_it("kv_waited", wg, r, j, wg_tidx)
                     if cutlass.const_expr(cfg.qk_early):
                         self.issue_qk(qk_mma0, qk_mma, qk_rope_mma, acc_s, t_q, t_k, t_qr, t_kr, self.stage_of(g + 2))
+                self.lstamp_it("qk_issued", wg, r, j, wg_tidx)
             warpgroup.wait_group(0)  # nothing is in flight here; tells ptxas acc_s is free
             # the other WG's last block comes after my last one
+            if n >= 1 and (k0 + n - 1) & 1 == wg:
+                # this WG's last softmax state, as it published it (visible to its own warps
+                # since the barrier before its last PV)
+                self.read_state(s_state, c_s_mn, wg, row_max, sigma_p, row_sum, gamma_o)
             if n >= 1 and (k0 + n - 1) & 1 != wg:
                 g = k0 + n - 1
                 slot = g & 1
@@ -1076,7 +1174,7 @@ class DecodeKernel:
             self.stamp("exit", wg)
 
     @cute.jit
-    def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, masked: cutlass.Constexpr):
+    def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, masked: cutlass.Constexpr, mark=None, ks_pre=None):
         """Alg. 1 lines 4-9 for this thread's rows: scores in the log2 domain, P = 2^(s-m),
         P' = P·σ_k, σ_p = rowmax(P')/448, P'/σ_p left in ``acc_s_mn`` for the e4m3 cast;
         updates (m, σ_p, ℓ) and this block's γ. ``q_fac``: σ_q·scale·log2e per row.
@@ -1084,7 +1182,9 @@ class DecodeKernel:
         s = t·q_fac with t = acc·σ_k: the row max is q_fac·max(t) (rounding is monotone, so
         bit-equal to the max of the rounded s) and 2^(s-m) takes t·q_fac - m as one FFMA.
         ``masked`` (a request's last block, or causal rows): columns past a row's visible
-        length get t = -inf and σ_k = 0; whole blocks skip both tests."""
+        length get t = -inf and σ_k = 0; whole blocks skip both tests. ``ks_pre``: σ_k of
+        this thread's columns loaded by the caller (``DecodeConfig.ks_early``); ``mark``:
+        ``DecodeConfig.trace_loop``'s stamp for the phases."""
         cfg = self.cfg
         rows_per_thr = cute.size(c_s_mn, mode=[0])
         cols_per_thr = cute.size(c_s_mn, mode=[1])
@@ -1093,62 +1193,106 @@ class DecodeKernel:
         ks = cute.make_rmem_tensor((cols_per_thr,), Float32)
         for j in cutlass.range_constexpr(cols_per_thr):
             c = c_s_mn[0, j][1]
-            if cutlass.const_expr(masked):
+            if cutlass.const_expr(ks_pre is not None):
+                ks[j] = ks_pre[j]
+                if cutlass.const_expr(masked):
+                    if c >= valid:
+                        ks[j] = 0.0
+            elif cutlass.const_expr(masked):
                 ks[j] = 0.0
                 if c < valid:
                     ks[j] = s_ks[c % cfg.box_rows, c // cfg.box_rows, stage]
             else:
                 ks[j] = s_ks[c % cfg.box_rows, c // cfg.box_rows, stage]
+        # Phases over all of this thread's rows (not row after row), reductions as trees:
+        # the rows' chains interleave and no reduction is a 16-deep dependent chain (the
+        # row-by-row form ran ~2300 cycles per block for ~440 instructions, latency-bound).
+        t_max = [None] * rows_per_thr
         for i in cutlass.range_constexpr(rows_per_thr):
-            m_prev = row_max[i]
-            if first_blk:
-                m_prev = -Float32.inf
             lim = n_vis[i] - blk * L.BLOCK_N  # visible columns of this row in the block
-            t_max = -Float32.inf
+            ts = []
             for j in cutlass.range_constexpr(cols_per_thr):
                 t = acc_s_mn[i, j] * ks[j]
                 if cutlass.const_expr(masked):
                     if c_s_mn[i, j][1] >= lim:
                         t = -Float32.inf
                 acc_s_mn[i, j] = t
-                t_max = cute.arch.fmax(t_max, t)
-            t_max = cute.arch.warp_reduction_max(t_max, threads_in_group=4)
-            m_new = cute.arch.fmax(m_prev, t_max * q_fac[i])
-            m_safe = m_new
-            if m_new == -Float32.inf:
-                m_safe = 0.0
-            sum_cur = Float32(0.0)
-            p_max = Float32(0.0)
+                ts.append(t)
+            t_max[i] = self._tree(ts, cute.arch.fmax)
+        for off in (2, 1):  # the quad's max, rows interleaved
+            for i in cutlass.range_constexpr(rows_per_thr):
+                t_max[i] = cute.arch.fmax(t_max[i], cute.arch.shuffle_sync_bfly(t_max[i], offset=off))
+        if cutlass.const_expr(mark is not None):
+            mark("sm_max")
+        m_prev = [None] * rows_per_thr
+        m_new = [None] * rows_per_thr
+        m_safe = [None] * rows_per_thr
+        sums = [None] * rows_per_thr
+        p_max = [None] * rows_per_thr
+        for i in cutlass.range_constexpr(rows_per_thr):
+            mp = row_max[i]
+            if first_blk:
+                mp = -Float32.inf
+            m_prev[i] = mp
+            mn = cute.arch.fmax(mp, t_max[i] * q_fac[i])
+            ms = mn
+            if mn == -Float32.inf:
+                ms = 0.0
+            m_new[i] = mn
+            m_safe[i] = ms
+        for i in cutlass.range_constexpr(rows_per_thr):
+            ps = []
+            pfs = [Float32(0.0)]
             for j in cutlass.range_constexpr(cols_per_thr):
-                p = cute.math.exp2(acc_s_mn[i, j] * q_fac[i] - m_safe, fastmath=True)  # one FFMA
-                sum_cur += p
+                p = cute.math.exp2(acc_s_mn[i, j] * q_fac[i] - m_safe[i], fastmath=True)  # one FFMA
                 pf = p * ks[j]  # P' = P·σ_k
                 acc_s_mn[i, j] = pf
-                p_max = cute.arch.fmax(p_max, pf)
-            sum_cur = cute.arch.warp_reduction_sum(sum_cur, threads_in_group=4)
-            p_max = cute.arch.warp_reduction_max(p_max, threads_in_group=4)
+                ps.append(p)
+                pfs.append(pf)
+            sums[i] = self._tree(ps, lambda a, b: a + b)
+            p_max[i] = self._tree(pfs, cute.arch.fmax)
+        for off in (2, 1):
+            for i in cutlass.range_constexpr(rows_per_thr):
+                sums[i] = sums[i] + cute.arch.shuffle_sync_bfly(sums[i], offset=off)
+                p_max[i] = cute.arch.fmax(p_max[i], cute.arch.shuffle_sync_bfly(p_max[i], offset=off))
+        if cutlass.const_expr(mark is not None):
+            mark("sm_exp")
+        for i in cutlass.range_constexpr(rows_per_thr):
             sig_prev = sigma_p[i]
             if first_blk:
                 sig_prev = 1.0
-            inv = Float32(1.0)
+            # one division either way: 448/P'max, or 1/σ_p,prev for a negligible block
+            num = Float32(1.0)
+            den = sig_prev
             sig_cur = sig_prev
-            if p_max > Float32(P_TINY):
-                inv = Float32(FP8_MAX) / p_max
-                sig_cur = p_max * Float32(INV_FP8_MAX)  # one FMUL: σ_p's definition
-            else:
-                inv = Float32(1.0) / sig_prev
+            if p_max[i] > Float32(P_TINY):
+                num = Float32(FP8_MAX)
+                den = p_max[i]
+                sig_cur = p_max[i] * Float32(INV_FP8_MAX)  # one FMUL: σ_p's definition
+            inv = num / den
             for j in cutlass.range_constexpr(cols_per_thr):
                 acc_s_mn[i, j] = acc_s_mn[i, j] * inv
             g = Float32(0.0)
-            if m_prev != -Float32.inf:
-                g = cute.math.exp2(m_prev - m_safe, fastmath=True) * sig_prev * inv
+            if m_prev[i] != -Float32.inf:
+                g = cute.math.exp2(m_prev[i] - m_safe[i], fastmath=True) * sig_prev * inv
             ell = row_sum[i]
             if first_blk:
                 ell = 0.0
-            row_sum[i] = g * ell + sum_cur * inv
-            row_max[i] = m_new
+            row_sum[i] = g * ell + sums[i] * inv
+            row_max[i] = m_new[i]
             sigma_p[i] = sig_cur
             gamma[i] = g
+
+    @staticmethod
+    def _tree(vals, op):
+        """op over vals as a balanced tree (depth log2 n instead of an n-deep chain)."""
+        vals = list(vals)
+        while len(vals) > 1:
+            nxt = [op(vals[k], vals[k + 1]) for k in range(0, len(vals) - 1, 2)]
+            if len(vals) % 2:
+                nxt.append(vals[-1])
+            vals = nxt
+        return vals[0]
 
     @cute.jit
     def rescale_add(self, acc_mn, blk_mn, gamma):
