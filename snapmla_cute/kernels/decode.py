@@ -14,7 +14,8 @@ the KV blocks the split-KV scheduler gave its part. Per 64-token block:
    (σ_p = rowmax(P')/448), implicit dequantization through γ = 2^(m-m_new)·σ_p/σ_p,cur.
 4. P accumulator → e4m3 A-operand register layout (byte permutation,
    ``make_acc_into_op``), published through shared memory with the softmax state.
-5. PV: FP8 WGMMA (P and Vᵀ from shared memory), each consumer WG owning 256 output dims,
+5. PV: FP8 WGMMA (Vᵀ from shared memory; P of the WG's own block from its registers, of
+   the other WG's block from shared memory), each consumer WG owning 256 output dims,
    strictly in block order; each block's P·V lands in a zeroed accumulator and
    o = γ·o + P·V is done in fp32.
 
@@ -108,6 +109,9 @@ class DecodeConfig:
     # ptxas keeps both and spills (~500 B); with it and a different WGMMA shape for S and
     # the temporary (pv_splits=2) ptxas serializes the warpgroup MMAs in some variants
     s_alias: bool = True
+    # this WG's own block's PV takes P from its registers (RS WGMMA) instead of shared memory:
+    # 16 KB less shared-memory traffic per block, no barrier on the own warps' P stores
+    pv_own_rs: bool = True
 
     @property
     def pv_n(self) -> int:
@@ -301,6 +305,9 @@ class DecodeKernel:
         # registers instead makes ptxas spill); one MMA object per accumulate mode, set once
         qk_mma0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
         pv_mma0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n))
+        pv_mma_rs0 = sm90_utils.make_trivial_tiled_mma(
+            FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n), warpgroup.OperandSource.RMEM
+        )
 
         q_nope_sl = L.q_nope_layout()
         q_rope_sl = L.q_rope_layout()
@@ -353,7 +360,7 @@ class DecodeKernel:
             raise ValueError(f"decode: shared storage {SharedStorage.size_in_bytes()} B, at most {SM90_SMEM_BYTES} B")
         num_parts = m_sched.shape[0]
         self.kernel(
-            qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
+            qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0,
             tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
             m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets,
             m_out, m_lse, m_o_partial, m_lse_partial, m_counters, scale_log2,
@@ -377,6 +384,7 @@ class DecodeKernel:
         pv_mma_ss: cute.TiledMma,
         qk_mma0: cute.TiledMma,
         pv_mma0: cute.TiledMma,
+        pv_mma_rs0: cute.TiledMma,
         tma_q_nope: cute.CopyAtom,
         g_q_nope: cute.Tensor,
         tma_q_rope: cute.CopyAtom,
@@ -498,7 +506,7 @@ class DecodeKernel:
                 )
         else:
             consumer_args = (
-                qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
+                qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0,
                 s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state, storage.kv.data_ptr().toint(),
                 m_q_scale, m_seqlens, s_plan, m_out, m_lse, m_o_partial, m_lse_partial, m_counters,
                 scale_log2, q_cons, kv_pipe, m_tile,
@@ -884,35 +892,41 @@ class DecodeKernel:
         warpgroup.commit_group()
 
     @cute.jit
-    def pv_blocks(self, pv_mma0, pv_mma, acc_o_mn, temps, temps_mn, t_p, t_v, blocks, sync=None):
+    def pv_blocks(self, pv_mma0, pv_mma, acc_o_mn, temps, temps_mn, t_p, t_v, blocks, sync=None, pv_rs=None):
         """This WG's 256 output dims of one or two blocks' P·V, in block order (order
         enforcement): each N = 256 / pv_splits GEMM lands in a zeroed temporary and
         o = γ·o + P·V is done in fp32. With two temporaries the next GEMM is issued before
-        the previous one is waited for and added. ``blocks``: [(stage, γ, P slot), ...];
+        the previous one is waited for and added. ``blocks``: [(stage, γ, P slot, P
+        registers or None), ...]: a block with P registers runs as RS WGMMAs (``pv_rs``:
+        the first-k-step and accumulating MMAs), the others read P from shared memory;
         ``sync`` (a barrier) is passed before the last block's first GEMM: that block's P
         was stored by this WG's four warps."""
-        work = [(st, g, sl, h) for st, g, sl in blocks for h in range(self.cfg.pv_splits)]
+        work = [(st, g, sl, regs, h) for st, g, sl, regs in blocks for h in range(self.cfg.pv_splits)]
         n_t = len(temps)
         for w in cutlass.range_constexpr(len(work) + n_t - 1):
             if cutlass.const_expr(w < len(work)):
-                st, _, sl, h = work[w]
+                st, _, sl, regs, h = work[w]
                 if cutlass.const_expr(sync is not None and w == len(work) - self.cfg.pv_splits):
                     sync.arrive_and_wait()
                 acc = temps[w % n_t]
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(cute.size(t_p, mode=[2])):
-                    mma = pv_mma0 if kb == 0 else pv_mma
-                    cute.gemm(mma, acc, t_p[None, None, kb, sl], t_v[h][None, None, kb, st], acc)
+                    if cutlass.const_expr(regs is not None):
+                        mma = pv_rs[0] if kb == 0 else pv_rs[1]
+                        cute.gemm(mma, acc, regs[None, None, kb], t_v[h][None, None, kb, st], acc)
+                    else:
+                        mma = pv_mma0 if kb == 0 else pv_mma
+                        cute.gemm(mma, acc, t_p[None, None, kb, sl], t_v[h][None, None, kb, st], acc)
                 warpgroup.commit_group()
             d = w - (n_t - 1)  # the GEMM to finish now
             if cutlass.const_expr(d >= 0):
                 warpgroup.wait_group(min(n_t - 1, len(work) - 1 - d))
-                _, g, _, h = work[d]
+                _, g, _, _, h = work[d]
                 self.rescale_add(acc_o_mn[h], temps_mn[d % n_t], g)
 
     @cute.jit
     def consume(
-        self, qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0,
+        self, qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0,
         s_q_nope, s_q_rope, s_kv, s_kr, s_ks, s_p, s_vt, s_state, kv_addr,
         m_q_scale, m_seqlens, s_plan, m_out, m_lse, m_o_partial, m_lse_partial, m_counters,
         scale_log2, q_cons, kv_pipe, m_tile, begin_req, begin_blk, end_req, end_blk, begin_split,
@@ -923,8 +937,8 @@ class DecodeKernel:
         Within a request the WGs own alternate blocks. For each owned block j this WG: waits
         its QK (issued two blocks earlier), hands the block to the transposer WG (or, without
         it, transposes V_j in place itself), waits for the other WG's state of block j-1, runs
-        the softmax of block j and publishes P_j and its state, then runs PV of block j-1 and
-        of block j (both with P from shared memory, after their Vᵀ is written), and finally
+        the softmax of block j and publishes P_j and its state, then runs PV of block j-1 (P
+        from shared memory) and of block j (P from registers), after their Vᵀ is written, and finally
         issues QK of block j+2. The chain between the WGs is softmax → state → softmax; QK
         and PV of one WG overlap the other's softmax."""
         cfg = self.cfg
@@ -935,8 +949,9 @@ class DecodeKernel:
         # MMA's state in that region (the DSL's dominance rule).
         for mma in (qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss):
             mma.set(warpgroup.Field.ACCUMULATE, True)
-        for mma in (qk_mma0, pv_mma0):
+        for mma in (qk_mma0, pv_mma0, pv_mma_rs0):
             mma.set(warpgroup.Field.ACCUMULATE, False)
+        pv_rs = (pv_mma_rs0, pv_mma_rs)
         qk_thr = qk_mma.get_slice(wg_tidx)
         qkr_thr = qk_rope_mma.get_slice(wg_tidx)
         pv_rs_thr = pv_mma_rs.get_slice(wg_tidx)
@@ -1087,7 +1102,10 @@ class DecodeKernel:
                     wg_sync.arrive_and_wait()
                 self.pair_barrier(roles.BARRIERS.state, slot).arrive()
                 self.lstamp_it("p_published", wg, r, j, wg_tidx)
-                # ---- PV of block j-1 (P from the other WG), then of block j (own P)
+                # ---- PV of block j-1 (P from the other WG), then of block j (own P: from
+                # registers with pv_own_rs, else from shared memory after this WG's barrier)
+                own_p = t_p if cfg.pv_own_rs else None
+                own_sync = wg_sync if cfg.late_p_sync and not cfg.pv_own_rs else None
                 if cutlass.const_expr(cfg.transposer):
                     if j >= 1:
                         self.wait_vt(vt_mbar, g - 1)
@@ -1097,16 +1115,16 @@ class DecodeKernel:
                     if cutlass.const_expr("pv" not in cfg.skip):
                         self.pv_blocks(
                             pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss,
-                            [(self.stage_of(g - 1), gamma_o, 1 - slot), (stage, gamma, slot)],
-                            wg_sync if cfg.late_p_sync else None,
+                            [(self.stage_of(g - 1), gamma_o, 1 - slot, None), (stage, gamma, slot, own_p)],
+                            own_sync, pv_rs,
                         )
                     self.pair_barrier(roles.BARRIERS.pfree, 1 - slot).arrive()
                     kv_pipe.consumer_release(self.kv_state(g - 1))
                 else:
                     if cutlass.const_expr("pv" not in cfg.skip):
                         self.pv_blocks(
-                            pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(stage, gamma, slot)],
-                            wg_sync if cfg.late_p_sync else None,
+                            pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(stage, gamma, slot, own_p)],
+                            own_sync, pv_rs,
                         )
                 kv_pipe.consumer_release(self.kv_state(g))
                 self.lstamp_it("pv_done", wg, r, j, wg_tidx)
@@ -1123,7 +1141,9 @@ class DecodeKernel:
             # the other WG's last block comes after my last one
             if n >= 1 and (k0 + n - 1) & 1 == wg:
                 # this WG's last softmax state, as it published it (visible to its own warps
-                # since the barrier before its last PV)
+                # after the barrier before its last PV, or this one)
+                if cutlass.const_expr(cfg.pv_own_rs and cfg.late_p_sync):
+                    wg_sync.arrive_and_wait()
                 self.read_state(s_state, c_s_mn, wg, row_max, sigma_p, row_sum, gamma_o)
             if n >= 1 and (k0 + n - 1) & 1 != wg:
                 g = k0 + n - 1
@@ -1131,7 +1151,7 @@ class DecodeKernel:
                 self.wait_state(s_state, c_s_mn, slot, row_max, sigma_p, row_sum, gamma_o)
                 if cutlass.const_expr(cfg.transposer):
                     self.wait_vt(vt_mbar, g)
-                self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(self.stage_of(g), gamma_o, slot)])
+                self.pv_blocks(pv_mma0, pv_mma_ss, acc_o_mn, temps, temps_mn, t_p_ss, t_v_ss, [(self.stage_of(g), gamma_o, slot, None)])
                 self.pair_barrier(roles.BARRIERS.pfree, slot).arrive()
                 kv_pipe.consumer_release(self.kv_state(g))
             k_global = k0 + n

@@ -1,0 +1,35 @@
+"""GPU: decode time (h128 s_q1, graph replay) against the part count for small batches,
+to check ``ops.default_num_parts`` (one wave of parts when batch < slots).
+
+    python3 profiles/experiments/parts_sweep.py [--batches 1,2,4,8] [--lengths 640,4096,32768] [--parts 33,44,66]
+"""
+
+import argparse
+
+import snapmla_cute.ops as ops
+from snapmla_cute import decode_metadata
+from snapmla_cute.bench import time_us
+from snapmla_cute.profiling import Shape, make_case
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--lengths", default="640,4096,32768")
+    ap.add_argument("--parts", default="33,44,66")
+    a = ap.parse_args()
+    parts = [int(p) for p in a.parts.split(",")]
+    print(f"{'b':>3s} {'s_k':>6s} " + " ".join(f"{p:>7d}" for p in parts) + "   (µs per parts)")
+    for b in (int(x) for x in a.batches.split(",")):
+        for L in (int(x) for x in a.lengths.split(",")):
+            c = make_case(Shape(f"b{b} s_k{L}", b, 128, 1, L, False))
+            q, cache, bt, lens, out, lse = (c[k] for k in ("q", "cache", "block_table", "seqlens", "out", "lse"))
+            row = []
+            for p in parts:
+                md = decode_metadata(lens, s_q=1, heads=128, num_parts=p)
+                row.append(time_us(lambda: ops.mla_decode(q, cache, bt, lens, metadata=md, out=out, lse=lse, check=False)))
+            print(f"{b:3d} {L:6d} " + " ".join(f"{us:7.1f}" for us in row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
