@@ -1037,9 +1037,8 @@ class DecodeKernel:
                 ks_pre = None
                 if cutlass.const_expr(cfg.ks_early):
                     # σ_k of this thread's columns, loaded before the state wait (in the
-                    # softmax the loads' latency was on the chain); not before the QK wait:
-                    # 16 more registers live beside the QK in flight made ptxas serialize
-                    # the warpgroup MMAs in some variants
+                    # softmax the loads' latency was on the chain); after the QK wait, so
+                    # these 16 registers are not live beside the QK in flight
                     ks_pre = cute.make_rmem_tensor((cute.size(c_s_mn, mode=[1]),), Float32)
                     for jj in cutlass.range_constexpr(cute.size(c_s_mn, mode=[1])):
                         c = c_s_mn[0, jj][1]
