@@ -9,6 +9,7 @@ timing-only (wrong results on purpose).
 
 import argparse
 import json
+import time
 
 import torch
 
@@ -69,8 +70,9 @@ def main():
             for name, tuning in variants.items():
                 ops.DECODE_TUNING.clear()
                 ops.DECODE_TUNING.update(tuning)
+                t0 = time.time()
                 us = time_us(c["step"])
-                rows.append(dict(shape=sh.name, variant=name, round=rnd, us=round(us, 1), err=errs[name]))
+                rows.append(dict(shape=sh.name, variant=name, round=rnd, us=round(us, 1), err=errs[name], t0=t0, t1=time.time()))
                 print(rows[-1], flush=True)
         del c
         torch.cuda.empty_cache()
