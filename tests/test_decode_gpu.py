@@ -218,6 +218,30 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
         assert torch.equal(torch.isinf(lse), torch.isinf(lx.float()))
 
 
+@pytest.mark.parametrize("batch", [32, 33])
+def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
+    """Batches of at most 32 requests plan with one warp's shuffle scans, larger ones with
+    the CTA-wide scans (``DecodeConfig.warp_plan``): both sides of the limit give the
+    reference plan, split requests included, and the emulation's output."""
+    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+
+    rng = random.Random(seed * 7 + batch)
+    lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 700)]) for _ in range(batch - 1)] + [3000]
+    parts = 16  # the last request (52 units) is longer than a part (at most 35): split
+    c = build_case(batch, 1, 16, 64, lens, seed=seed)
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=16, num_parts=parts)
+    md.sched.fill_(-7)
+    md.split_offsets.fill_(-7)
+    out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
+    sched, offsets = schedule_reference(lens, parts)
+    assert md.sched.cpu().tolist() == sched, lens
+    assert md.split_offsets.cpu().tolist() == offsets, lens
+    assert offsets[-1] > batch  # some request was split
+    (ox, lx), (oe, le) = references(c, False)
+    assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
+    assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
+
+
 @pytest.mark.parametrize("h, s_q, ps, lens, causal", [
     (128, 1, 64, [640], False),
     (32, 2, 16, [0, 77, 3000], True),

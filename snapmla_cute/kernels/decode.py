@@ -112,6 +112,8 @@ class DecodeConfig:
     # this WG's own block's PV takes P from its registers (RS WGMMA) instead of shared memory:
     # 16 KB less shared-memory traffic per block, no barrier on the own warps' P stores
     pv_own_rs: bool = True
+    # batches of at most 32 requests plan with one warp (shuffle scans, no CTA barriers)
+    warp_plan: bool = True
 
     @property
     def pv_n(self) -> int:
@@ -571,12 +573,23 @@ class DecodeKernel:
         words = cute.recast_ptr(scratch_ptr, dtype=Int32)
         s_pre = cute.make_tensor(words, cute.make_layout((MAX_BATCH + 1,)))
         s_split = cute.make_tensor(words + (MAX_BATCH + 1), cute.make_layout((MAX_BATCH + 1,)))
-        total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, self.threads)
-        cute.arch.sync_threads()
-        if tidx == 0:
-            self.stamp("lengths_read")
-        width = cutlass.max((total + num_parts - 1) // num_parts, 1)
-        self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, self.threads)
+        total = Int32(0)
+        width = Int32(1)
+        small = batch <= 32
+        if cutlass.const_expr(not self.cfg.warp_plan):
+            small = batch < 0  # the CTA-wide scans for every batch (A/B)
+        if small:
+            # one warp, one request per lane: both prefix sums by shuffles, no CTA barrier
+            # (the CTA-wide scans with their four barriers took ~1.6 µs of every CTA's plan)
+            if tidx < 32:
+                total, width = self.plan_warp(m_seqlens, s_pre, s_split, batch, num_parts, tidx)
+        else:
+            total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, self.threads)
+            cute.arch.sync_threads()
+            if tidx == 0:
+                self.stamp("lengths_read")
+            width = cutlass.max((total + num_parts - 1) // num_parts, 1)
+            self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, self.threads)
         if tidx == 0:
             self.stamp("splits_counted")
             b_req, b_blk, e_req, e_blk, split = self.planner.part_plan(s_pre, batch, total, width, part)
@@ -625,6 +638,47 @@ class DecodeKernel:
         # the producer's TMA writes (async proxy) follow these generic writes to the scratch
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_threads()
+
+    @cute.jit
+    def plan_warp(self, m_seqlens, s_pre, s_split, batch, num_parts, lane):
+        """``plan``'s two prefix sums for batch ≤ 32 by warp 0 (lane r: request r), the same
+        values as ``DecodeSchedulerKernel.unit_prefix`` / ``split_prefix``: returns (total
+        units, units per part); ``s_pre`` and ``s_split`` are visible to lane 0 after."""
+        ov = self.planner.cfg.fixed_overhead_blocks
+        units = Int32(0)
+        if lane < batch:
+            units = self.planner.n_blocks(m_seqlens[lane]) + ov
+        incl = self.warp_inclusive_scan(units, lane)
+        total = cute.arch.shuffle_sync(incl, 31)
+        if lane == 0:
+            self.stamp("lengths_read")
+        width = cutlass.max((total + num_parts - 1) // num_parts, 1)
+        first_unit = incl - units + ov  # S_r + overhead
+        splits = Int32(0)
+        if lane < batch:
+            s_pre[lane] = incl - units
+            splits = 1
+            if incl > first_unit:
+                splits = (incl - 1) // width - first_unit // width + 1
+        if lane == 0:
+            s_pre[batch] = total
+        incl2 = self.warp_inclusive_scan(splits, lane)
+        total2 = cute.arch.shuffle_sync(incl2, 31)
+        if lane < batch:
+            s_split[lane] = incl2 - splits
+        if lane == 0:
+            s_split[batch] = total2
+        cute.arch.sync_warp()
+        return total, width
+
+    @staticmethod
+    @cute.jit
+    def warp_inclusive_scan(x, lane):
+        for k in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(x, 1 << k)
+            if lane >= (1 << k):
+                x += y
+        return x
 
     @cute.jit
     def merger_count(self, n_splits, helpers, req, batch):
