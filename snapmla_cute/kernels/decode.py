@@ -580,7 +580,7 @@ class DecodeKernel:
             small = batch < 0  # the CTA-wide scans for every batch (A/B)
         if small:
             # one warp, one request per lane: both prefix sums by shuffles, no CTA barrier
-            # (the CTA-wide scans with their four barriers took ~1.6 µs of every CTA's plan)
+            # (the lengths' load and the two CTA-wide scans, four barriers, took ~1.6 µs of each CTA's plan)
             if tidx < 32:
                 total, width = self.plan_warp(m_seqlens, s_pre, s_split, batch, num_parts, tidx)
         else:
@@ -1125,7 +1125,8 @@ class DecodeKernel:
                     if valid - (cfg.s_q - 1 if cfg.causal else 0) >= (L.BLOCK_N if cfg.whole_blocks else 1 << 30):
                         self.softmax(
                             acc_s_mn, c_s_mn, s_ks, stage, blk, valid, j == 0, q_fac, n_vis, row_max, row_sum, sigma_p,
-                            gamma, False, (lambda ev: self.lstamp_it(ev, wg, r, j, wg_tidx)) if cfg.trace_loop else None, ks_pre,
+                            gamma, False, (lambda ev: self.lstamp_it(ev, wg, r, j, wg_tidx)) if cfg.trace_loop else None,
+                            ks_pre,
                         )
                     else:
                         self.softmax(
@@ -1247,7 +1248,10 @@ class DecodeKernel:
             self.stamp("exit", wg)
 
     @cute.jit
-    def softmax(self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma, masked: cutlass.Constexpr, mark=None, ks_pre=None):
+    def softmax(
+        self, acc_s_mn, c_s_mn, s_ks, stage, blk, valid, first_blk, q_fac, n_vis, row_max, row_sum, sigma_p, gamma,
+        masked: cutlass.Constexpr, mark=None, ks_pre=None,
+    ):
         """Alg. 1 lines 4-9 for this thread's rows: scores in the log2 domain, P = 2^(s-m),
         P' = P·σ_k, σ_p = rowmax(P')/448, P'/σ_p left in ``acc_s_mn`` for the e4m3 cast;
         updates (m, σ_p, ℓ) and this block's γ. ``q_fac``: σ_q·scale·log2e per row.
