@@ -421,22 +421,12 @@ class DecodeKernel:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // roles.THREADS_PER_WG)
 
-        self._trace = None
-        if cutlass.const_expr(cfg.trace):
-            slab = (m_o_partial.shape[2] - 1) * cfg.rows * CONTENT_DIM
-            self._trace = cute.make_tensor(
-                cute.recast_ptr(m_o_partial.iterator + slab, dtype=Int32),
-                cute.make_layout((cfg.m_tiles * m_sched.shape[0], TRACE_WORDS), stride=(TRACE_WORDS, 1)),
-            )
+        # profiling stamps (DecodeConfig.trace / trace_loop): one row per CTA over the last /
+        # second-to-last split slab of the fp32 partials
+        self._trace = self._stamp_rows(m_o_partial, m_sched, 1, TRACE_WORDS) if cfg.trace else None
+        self._ltrace = self._stamp_rows(m_o_partial, m_sched, 2, LOOP_WORDS) if cfg.trace_loop else None
+        if cutlass.const_expr(cfg.trace or cfg.trace_loop):
             self._trace_cta = part * cfg.m_tiles + m_tile
-        self._ltrace = None
-        if cutlass.const_expr(cfg.trace_loop):
-            slab = (m_o_partial.shape[2] - 2) * cfg.rows * CONTENT_DIM
-            self._ltrace = cute.make_tensor(
-                cute.recast_ptr(m_o_partial.iterator + slab, dtype=Int32),
-                cute.make_layout((cfg.m_tiles * m_sched.shape[0], LOOP_WORDS), stride=(LOOP_WORDS, 1)),
-            )
-            self._ltrace_cta = part * cfg.m_tiles + m_tile
         if tidx == 0:
             self.stamp("start")
         if warp_idx == 0:
@@ -538,6 +528,14 @@ class DecodeKernel:
             wg_idx - self.roles.first_consumer_wg, qk_mbar, vt_mbar, s_valid,
         )
 
+    def _stamp_rows(self, m_o_partial, m_sched, slab_from_end: int, words: int):
+        """Int32 (CTAs, words) over split slab ``-slab_from_end`` of the fp32 partials."""
+        slab = (m_o_partial.shape[2] - slab_from_end) * self.cfg.rows * CONTENT_DIM
+        return cute.make_tensor(
+            cute.recast_ptr(m_o_partial.iterator + slab, dtype=Int32),
+            cute.make_layout((self.cfg.m_tiles * m_sched.shape[0], words), stride=(words, 1)),
+        )
+
     @cute.jit
     def stamp(self, event: cutlass.Constexpr, wg=0):
         """DecodeConfig.trace: this CTA's %globaltimer (low 32 bits) at ``event``."""
@@ -552,7 +550,7 @@ class DecodeKernel:
         """DecodeConfig.trace_loop: this SM's clock at ``word`` of the CTA's loop trace (the
         caller guards: one thread, within the traced window)."""
         if cutlass.const_expr(self.cfg.trace_loop):
-            self._ltrace[self._ltrace_cta, word] = Int32(cute.arch.clock())
+            self._ltrace[self._trace_cta, word] = Int32(cute.arch.clock())
 
     @cute.jit
     def lstamp_it(self, event: cutlass.Constexpr, wg, r, j, wg_tidx):
@@ -648,11 +646,13 @@ class DecodeKernel:
         units = Int32(0)
         if lane < batch:
             units = self.planner.n_blocks(m_seqlens[lane]) + ov
-        incl = self.warp_inclusive_scan(units, lane)
+        incl = self.planner.warp_inclusive_scan(units, lane)
         total = cute.arch.shuffle_sync(incl, 31)
         if lane == 0:
             self.stamp("lengths_read")
         width = cutlass.max((total + num_parts - 1) // num_parts, 1)
+        # DecodeSchedulerKernel.n_splits on registers (S_r = incl - units, S_r+1 = incl); a
+        # shared helper changed the SASS, which could not be rerun on the GPU this session
         first_unit = incl - units + ov  # S_r + overhead
         splits = Int32(0)
         if lane < batch:
@@ -662,7 +662,7 @@ class DecodeKernel:
                 splits = (incl - 1) // width - first_unit // width + 1
         if lane == 0:
             s_pre[batch] = total
-        incl2 = self.warp_inclusive_scan(splits, lane)
+        incl2 = self.planner.warp_inclusive_scan(splits, lane)
         total2 = cute.arch.shuffle_sync(incl2, 31)
         if lane < batch:
             s_split[lane] = incl2 - splits
@@ -670,15 +670,6 @@ class DecodeKernel:
             s_split[batch] = total2
         cute.arch.sync_warp()
         return total, width
-
-    @staticmethod
-    @cute.jit
-    def warp_inclusive_scan(x, lane):
-        for k in cutlass.range_constexpr(5):
-            y = cute.arch.shuffle_sync_up(x, 1 << k)
-            if lane >= (1 << k):
-                x += y
-        return x
 
     @cute.jit
     def merger_count(self, n_splits, helpers, req, batch):

@@ -70,16 +70,22 @@ class DecodeSchedulerKernel:
     def n_blocks(self, seqlen):
         return (seqlen + self.cfg.block_n - 1) // self.cfg.block_n
 
+    @staticmethod
+    @cute.jit
+    def warp_inclusive_scan(x, lane):
+        """Inclusive prefix sum of one Int32 per lane over the warp."""
+        for k in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(x, 1 << k)
+            if lane >= (1 << k):
+                x += y
+        return x
+
     @cute.jit
     def exclusive_scan(self, v, s_warp, tidx, threads: cutlass.Constexpr = THREADS):
         """Block-wide exclusive prefix sum of one Int32 per thread: (prefix, total)."""
         lane = tidx % 32
         warp = tidx // 32
-        x = v
-        for k in cutlass.range_constexpr(5):
-            y = cute.arch.shuffle_sync_up(x, 1 << k)
-            if lane >= (1 << k):
-                x += y
+        x = self.warp_inclusive_scan(v, lane)
         if lane == 31:
             s_warp[warp] = x
         cute.arch.sync_threads()
