@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from snapmla_cute import FP8KVCache, append_kv, decode_metadata, mla_decode
+from snapmla_cute import FP8KVCache, append_kv, decode_metadata, mla_decode, quantize_q
 from snapmla_cute import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -107,3 +107,52 @@ def test_compiled_step_matches_eager(seed):
     compiled = torch.compile(decode_step, fullgraph=True)(*args(cache_b))
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
     assert torch.equal(cache_a.kv, cache_b.kv)
+
+
+def test_back_to_back_decodes_in_one_graph(seed):
+    """Decode calls back to back in one stream share a metadata (split counters, partial
+    buffers), and with programmatic dependent launch (``DecodeConfig.pdl``) the next may be
+    scheduled while the previous one still merges: each call must still read only its own
+    inputs and leave the counters at zero. Six calls captured in one graph, each with its
+    own (pre-quantized: the graph holds decode kernels only) query and outputs, split
+    requests (b2 over the default 66 parts), replayed twice; each against the eager call
+    (bit for bit), the emulation and float64 attention."""
+    from decode_cases import build_case, references
+    from test_decode_gpu import EMU_LSE, EMU_REL, EXACT_COS, EXACT_REL
+
+    calls = 6
+    c = build_case(2, 1, 128, 64, [640, 3000], seed=seed)
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=128)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    qs = [torch.randn(c["q"].shape, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(calls)]
+    qqs = [quantize_q(q) for q in qs]
+    outs = [torch.empty(2, 1, 128, 512, dtype=torch.bfloat16, device="cuda") for _ in range(calls)]
+    lses = [torch.empty(2, 128, 1, dtype=torch.float32, device="cuda") for _ in range(calls)]
+
+    def step():
+        for qq, out, lse in zip(qqs, outs, lses):
+            mla_decode(qq, c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse, check=False)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    assert md.split_offsets[-1].item() > 2  # requests were split
+    for _ in range(2):
+        for out, lse in zip(outs, lses):
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.all(md.counters == 0)
+        for i, (q, out, lse) in enumerate(zip(qs, outs, lses)):
+            want_out, want_lse = mla_decode(qqs[i], c["cache"], c["block_table"], c["cache_seqlens"])
+            assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"call {i}"
+            (ox, lx), (oe, le) = references(dict(c, q=q), False)
+            assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, f"call {i}"
+            assert ref.lse_max_abs(lse, le) <= EMU_LSE, f"call {i}"
+            assert ref.rel_l2(out.float(), ox) <= EXACT_REL and ref.cos_diff(out.float(), ox) <= EXACT_COS, f"call {i}"

@@ -47,12 +47,18 @@ def main():
     ap.add_argument("--skeleton", action="store_true", help="also every compute stage left out")
     ap.add_argument("--h64", action="store_true", help="also b32 h64 s_k8192")
     ap.add_argument("--no-s2", action="store_true", help="leave out the s_q2 causal shape")
+    ap.add_argument("--no-s1", action="store_true", help="leave out the s_k4096 shape")
+    ap.add_argument("--shapes", default="", help="more h128 s_q1 shapes as batch:length,... (e.g. 1:4096,8:4096)")
     ap.add_argument("--variants", help='JSON {name: DecodeConfig fields} instead of the default set')
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds, variants interleaved (drift shows)")
     args = ap.parse_args()
     rows = []
-    shapes = [sh for sh in DEFAULT_SHAPES if not (args.no_s2 and sh.causal)]
-    for sh in shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else []):
+    shapes = [sh for sh in DEFAULT_SHAPES if not (args.no_s2 and sh.causal) and not (args.no_s1 and not sh.causal)]
+    extra = [
+        Shape(f"b{b} h128 s_q1 s_k{n}", int(b), 128, 1, int(n), False)
+        for b, n in (x.split(":") for x in args.shapes.split(",") if x)
+    ]
+    for sh in shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else []) + extra:
         c = make_case(sh)
         variants = json.loads(args.variants) if args.variants else dict(DEFAULT_VARIANTS)
         if args.skeleton:

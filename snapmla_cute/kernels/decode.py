@@ -27,7 +27,9 @@ the KV blocks the split-KV scheduler gave its part. Per 64-token block:
 The two consumer WGs own alternate blocks and are software-pipelined (see ``consume``);
 the producer warp streams Q and the KV blocks through a 4-stage TMA/mbarrier ring; a
 transposer WG runs step 2 for every block once its owner's QK has read it
-(``DecodeConfig.transposer``, ``transpose_blocks``).
+(``DecodeConfig.transposer``, ``transpose_blocks``). The launch is cooperative (the
+in-kernel merge waits for other CTAs) and programmatic-dependent (``DecodeConfig.pdl``):
+each CTA waits for the previous grid's writes before its first global access.
 
 Everything is checked against ``reference.mla_decode_emulated``.
 """
@@ -114,6 +116,10 @@ class DecodeConfig:
     pv_own_rs: bool = True
     # batches of at most 32 requests plan with one warp (shuffle scans, no CTA barriers)
     warp_plan: bool = True
+    # programmatic dependent launch: the next kernel in the stream may be scheduled once
+    # every CTA of this one has started, and this one waits (griddepcontrol.wait) for the
+    # previous grid only before its first global access, after its launch and prologue
+    pdl: bool = True
 
     @property
     def pv_n(self) -> int:
@@ -374,6 +380,7 @@ class DecodeKernel:
             stream=stream,
             min_blocks_per_mp=1,  # fixes the register pool so ptxas honours setmaxnreg
             cooperative=True,  # every part resident: split requests are merged in-kernel
+            use_pdl=cfg.pdl,
         )
 
     # ------------------------------------------------------------------ device side
@@ -427,6 +434,10 @@ class DecodeKernel:
         self._ltrace = self._stamp_rows(m_o_partial, m_sched, 2, LOOP_WORDS) if cfg.trace_loop else None
         if cutlass.const_expr(cfg.trace or cfg.trace_loop):
             self._trace_cta = part * cfg.m_tiles + m_tile
+        if cutlass.const_expr(cfg.pdl):
+            # safe this early: a dependent's griddepcontrol.wait still waits for this whole
+            # grid, and it is scheduled only after every CTA of this grid has started
+            cute.arch.griddepcontrol_launch_dependents()
         if tidx == 0:
             self.stamp("start")
         if warp_idx == 0:
@@ -480,6 +491,8 @@ class DecodeKernel:
             if storage.epi.data_ptr().toint() != storage.kv.data_ptr().toint() + self.kv_smem_bytes:
                 ptx.trap()
         cute.arch.sync_threads()
+        if cutlass.const_expr(cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # the previous grid's writes (lengths, KV, Q, counters)
         # this part's plan, computed here from the lengths (no scheduler launch); the KV
         # stages are its scratch until the producer starts
         self.plan(m_seqlens, m_sched, m_split_offsets, storage.kv.data_ptr(), storage.scan.get_tensor(
