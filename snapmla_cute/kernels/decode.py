@@ -664,15 +664,10 @@ class DecodeKernel:
         if lane == 0:
             self.stamp("lengths_read")
         width = cutlass.max((total + num_parts - 1) // num_parts, 1)
-        # DecodeSchedulerKernel.n_splits on registers (S_r = incl - units, S_r+1 = incl); a
-        # shared helper changed the SASS, which could not be rerun on the GPU this session
-        first_unit = incl - units + ov  # S_r + overhead
         splits = Int32(0)
         if lane < batch:
             s_pre[lane] = incl - units
-            splits = 1
-            if incl > first_unit:
-                splits = (incl - 1) // width - first_unit // width + 1
+            splits = self.planner.splits_of(incl - units, incl, width)  # S_r, S_r+1 on registers
         if lane == 0:
             s_pre[batch] = total
         incl2 = self.planner.warp_inclusive_scan(splits, lane)

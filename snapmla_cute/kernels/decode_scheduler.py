@@ -212,11 +212,16 @@ class DecodeSchedulerKernel:
 
     @cute.jit
     def n_splits(self, s_pre, r, width):
-        ov = self.cfg.fixed_overhead_blocks
-        first_unit = s_pre[r] + ov
+        return self.splits_of(s_pre[r], s_pre[r + 1], width)
+
+    @cute.jit
+    def splits_of(self, start, end, width):
+        """Splits of the request whose units are ``[start, end)`` (S_r, S_r+1): the parts its
+        blocks' units fall in; 1 for an empty request."""
+        first_unit = start + self.cfg.fixed_overhead_blocks
         n = Int32(1)
-        if s_pre[r + 1] > first_unit:
-            n = (s_pre[r + 1] - 1) // width - first_unit // width + 1
+        if end > first_unit:
+            n = (end - 1) // width - first_unit // width + 1
         return n
 
 
