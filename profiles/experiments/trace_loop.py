@@ -87,7 +87,7 @@ def main():
     ap.add_argument("--shapes", default="s1,s2")
     ap.add_argument("--tuning", default="{}", help="DecodeConfig fields (JSON) for every run")
     args = ap.parse_args()
-    tuning = json.loads(args.tuning)
+    tuning = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.tuning).items()}
     table = []
     for key in args.shapes.split(","):
         sh = ALL[key]

@@ -61,6 +61,8 @@ def main():
     for sh in shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else []) + extra:
         c = make_case(sh)
         variants = json.loads(args.variants) if args.variants else dict(DEFAULT_VARIANTS)
+        # JSON lists (e.g. "skip") as tuples: the tuning is part of a hashed cache key
+        variants = {n: {k: tuple(v) if isinstance(v, list) else v for k, v in t.items()} for n, t in variants.items()}
         if args.skeleton:
             variants["skeleton"] = {"skip": SKELETON}
         errs = {}
