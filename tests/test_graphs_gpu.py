@@ -142,6 +142,9 @@ def test_back_to_back_decodes_in_one_graph(seed):
     with torch.cuda.graph(graph):
         step()
     assert md.split_offsets[-1].item() > 2  # requests were split
+    # the inputs are the same in both replays: eager results and references once
+    eager = [mla_decode(qq, c["cache"], c["block_table"], c["cache_seqlens"]) for qq in qqs]
+    refs = [references(dict(c, q=q), False) for q in qs]
     for _ in range(2):
         for out, lse in zip(outs, lses):
             out.fill_(float("nan"))
@@ -149,10 +152,8 @@ def test_back_to_back_decodes_in_one_graph(seed):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.all(md.counters == 0)
-        for i, (q, out, lse) in enumerate(zip(qs, outs, lses)):
-            want_out, want_lse = mla_decode(qqs[i], c["cache"], c["block_table"], c["cache_seqlens"])
+        for i, (out, lse, (want_out, want_lse), ((ox, lx), (oe, le))) in enumerate(zip(outs, lses, eager, refs)):
             assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"call {i}"
-            (ox, lx), (oe, le) = references(dict(c, q=q), False)
             assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, f"call {i}"
             assert ref.lse_max_abs(lse, le) <= EMU_LSE, f"call {i}"
             assert ref.rel_l2(out.float(), ox) <= EXACT_REL and ref.cos_diff(out.float(), ox) <= EXACT_COS, f"call {i}"

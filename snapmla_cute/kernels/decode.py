@@ -599,7 +599,7 @@ class DecodeKernel:
             cute.arch.sync_threads()
             if tidx == 0:
                 self.stamp("lengths_read")
-            width = cutlass.max((total + num_parts - 1) // num_parts, 1)
+            width = self.planner.width_of(total, num_parts)
             self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, self.threads)
         if tidx == 0:
             self.stamp("splits_counted")
@@ -663,7 +663,7 @@ class DecodeKernel:
         total = cute.arch.shuffle_sync(incl, 31)
         if lane == 0:
             self.stamp("lengths_read")
-        width = cutlass.max((total + num_parts - 1) // num_parts, 1)
+        width = self.planner.width_of(total, num_parts)
         splits = Int32(0)
         if lane < batch:
             s_pre[lane] = incl - units

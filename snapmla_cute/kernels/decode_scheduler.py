@@ -111,7 +111,7 @@ class DecodeSchedulerKernel:
         # thread owns a contiguous run of requests)
         total = self.unit_prefix(m_cache_seqlens, s_pre, s_warp, tidx, THREADS)
         cute.arch.sync_threads()
-        width = cutlass.max((total + num_parts - 1) // num_parts, 1)
+        width = self.width_of(total, num_parts)
         self.split_prefix(s_pre, batch, width, m_split_offsets, s_warp, tidx, THREADS)
 
         # 3. every part on its own
@@ -209,6 +209,12 @@ class DecodeSchedulerKernel:
         if s_pre[r + 1] - s_pre[r] == ov:  # empty request: its overhead must be covered
             key -= 1
         return key
+
+    @staticmethod
+    @cute.jit
+    def width_of(total, num_parts):
+        """Units per part: w = ceil(total / num_parts), at least 1."""
+        return cutlass.max((total + num_parts - 1) // num_parts, 1)
 
     @cute.jit
     def n_splits(self, s_pre, r, width):
