@@ -7,6 +7,11 @@ block (the A layout). The kernel converts to e4m3 in place (C order, 4 bytes per
 swaps registers inside each quad with two ``shfl`` and regroups bytes with ``prmt``
 (0x5410/0x1054, 0x7632/0x3276) — CUTLASS's ``make_acc_into_op``. ``permute_quad`` replays
 that on labels so tests can check every byte lands where the A layout expects it.
+
+That is the natural token order (``DecodeConfig.pi_order=False``). The kernel's default
+keeps P's columns in the accumulator's order π (``transpose.pi``) and writes Vᵀ in the same
+order: the packing is then one ``prmt`` per word inside each lane, no shuffles
+(``pi_packed_labels``).
 """
 
 from __future__ import annotations
@@ -67,3 +72,26 @@ def permuted_labels(t0: int) -> list[int]:
         words = [[regs[t][2 * pair], regs[t][2 * pair + 1]] for t in range(4)]
         out += [b for w in permute_quad(words)[t0] for b in _unpack(w)]
     return out
+
+
+# ---- the token order π (DecodeConfig.pi_order): no shuffles
+
+
+def pi_packed_labels(t0: int) -> list[int]:
+    """Lane t0's 16 bytes for one 32-column k block when Vᵀ is in the token order π
+    (``transpose.pi``): after the e4m3 conversion, one ``prmt`` per word inside the thread
+    (0x5410, 0x7632 on register pairs (0, 1), (2, 3)) and no shuffles."""
+    regs = [_pack(c_layout_labels(t0)[4 * i : 4 * i + 4]) for i in range(4)]
+    out = []
+    for pair in range(2):
+        v0, v1 = regs[2 * pair], regs[2 * pair + 1]
+        out += _unpack(prmt(v0, v1, 0x5410)) + _unpack(prmt(v0, v1, 0x7632))
+    return out
+
+
+def pi_a_layout_labels(t0: int) -> list[int]:
+    """What the A operand holds in lane t0 when K position k means token π(k): the A layout
+    (``a_layout_labels``) with each column k replaced by π(k)."""
+    from snapmla_cute.layouts.transpose import pi
+
+    return [32 * (b // 32) + pi(b % 32) for b in a_layout_labels(t0)]

@@ -6,6 +6,10 @@ The decode kernel rewrites each 8 KiB chunk of the K-major SW128 content tile
 lane address maps below are the ones the kernel traces; ``transpose_ldsm_emulated`` replays
 the program (PTX semantics of the three instructions) on a bytearray so the CPU tests check
 it against ``smem.content_offset``/``vt_offset``.
+
+Two token orders: natural (K position k of Vᵀ is token k) and π (``pi``, the kernel's
+default, ``DecodeConfig.pi_order``), the order in which the QK accumulator hands each lane
+its columns, so that P needs no shuffles; each 32-wide k-step sums the same tokens either way.
 """
 
 from __future__ import annotations
@@ -43,19 +47,32 @@ def ldsm_unit(warp: int, step: int) -> tuple[int, int]:
     return u % 2, u // 2
 
 
-def ldsm_lane(lane):
+def ldsm_lane(lane, pi: bool = False):
     """(token within the unit of the ldmatrix row address, dim within the unit of the stmatrix
     row address, first token within the unit of that stmatrix row) for ``lane``; plain
-    integer ops so it traces on DSL ints too."""
+    integer ops so it traces on DSL ints too. ``pi``: Vᵀ in the token order π (``pi``
+    below), where the ldmatrix rows are simply tokens ``lane``."""
     m = lane >> 3
     i = lane & 7
+    if pi:
+        return lane, 2 * i + ((m & 1) ^ (i >> 2)), 16 * (m >> 1)
     f = (i & 1) + 4 * (i >> 1) + 2 * (i >> 2)
     return 16 * (m >> 1) + (f ^ (2 * (m & 1))), 2 * i + ((m & 1) ^ (i >> 2)), 16 * (m >> 1)
 
 
-def ldsm_src(warp, lane, step: int):
+def pi(k: int) -> int:
+    """Token at K position ``k`` of Vᵀ and P in the order π (``DecodeConfig.pi_order``):
+    within each 16, k = 4q + i holds token (2q, 2q+1, 8+2q, 9+2q)[i] — the columns the QK
+    accumulator gives lane q, in register order, so P is packed without quad shuffles.
+    Every 32-wide k-step still sums the same tokens."""
+    g, r = divmod(k, 16)
+    q, i = divmod(r, 4)
+    return 16 * g + (2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q)[i]
+
+
+def ldsm_src(warp, lane, step: int, pi: bool = False):
     """Byte offset (in the content tile) of the ldmatrix row address of ``lane``."""
-    tok, _, _ = ldsm_lane(lane)
+    tok, _, _ = ldsm_lane(lane, pi)
     tb = warp % 2
     db = (step * LDSM_WARPS + warp) // 2
     return content_offset(tb * 32 + tok, db * 16)
@@ -71,45 +88,61 @@ def stsm_dst(warp, lane, step: int):
 
 def _step_constants():
     """Per-step address constants: src(k) = src(0) ^ SRC_XOR[k] + SRC_ADD[k], dst(k) = dst(0) +
-    DST_ADD[k], for every warp and lane (verified here, at import)."""
+    DST_ADD[k], for every warp and lane and both token orders (verified here, at import)."""
     src_xor = [32 * (k % 4) for k in range(LDSM_STEPS)]
     src_add = [CHUNK_BYTES * (k // 4) for k in range(LDSM_STEPS)]
     dst_add = [2048 * k for k in range(LDSM_STEPS)]
-    for w in range(LDSM_WARPS):
-        for lane in range(32):
-            s0, d0 = ldsm_src(w, lane, 0), stsm_dst(w, lane, 0)
-            for k in range(LDSM_STEPS):
-                assert ldsm_src(w, lane, k) == (s0 ^ src_xor[k]) + src_add[k]
-                assert stsm_dst(w, lane, k) == d0 + dst_add[k]
+    for order in (False, True):
+        for w in range(LDSM_WARPS):
+            for lane in range(32):
+                s0, d0 = ldsm_src(w, lane, 0, order), stsm_dst(w, lane, 0)
+                for k in range(LDSM_STEPS):
+                    assert ldsm_src(w, lane, k, order) == (s0 ^ src_xor[k]) + src_add[k]
+                    assert stsm_dst(w, lane, k) == d0 + dst_add[k]
     return src_xor, src_add, dst_add
 
 
 SRC_XOR, SRC_ADD, DST_ADD = _step_constants()
 
 
-def prmt_selectors(lane):
+def prmt_selectors(lane, pi: bool = False):
     """(sel0, sel1) of ``lane``: sel0 builds the word of dim 2c (2c+1 when c >= 4), sel1 the
-    other, each from the two b16 registers of one ldmatrix matrix pair (c = lane / 4)."""
+    other, each from the two b16 registers of one ldmatrix matrix pair (c = lane / 4).
+    Natural order: tokens 4q.. of the pair (the lane map above interleaves them so that
+    the bytes 0/2 or 2/0 are the pair's); ``pi``: tokens 2q, 2q+1 of each register."""
     q = lane & 3
     c = lane >> 2
-    even, odd = (0x6420, 0x7531) if q < 2 else (0x2064, 0x3175)
+    even, odd = (0x6420, 0x7531) if q < 2 or pi else (0x2064, 0x3175)
     return (odd, even) if c >= 4 else (even, odd)
 
 
-def ldsm_keep_masks(warp, lane, valid_tokens):
+def keep_pairs(n):
+    """Mask of the low two bytes of a word: the first ``n`` (clamped to 0..2) kept."""
+    return 0 if n <= 0 else (0xFF if n == 1 else 0xFFFF)
+
+
+def ldsm_keep_masks(warp, lane, valid_tokens, pi: bool = False):
     """Byte masks zeroing tokens >= ``valid_tokens`` in the two stored word groups of a lane
-    (tokens tb*32 + 4q.. for registers 0, 1 and tb*32 + 16 + 4q.. for 2, 3)."""
-    first = (warp % 2) * 32 + 4 * (lane & 3)
+    (tokens tb*32 + 4q.. for registers 0, 1 and tb*32 + 16 + 4q.. for 2, 3; with ``pi``
+    tokens t0, t0+1, t0+8, t0+9 from t0 = tb*32 + 2q and t0 + 16)."""
     out = []
+    if pi:
+        first = (warp % 2) * 32 + 2 * (lane & 3)
+        for t0 in (first, first + 16):
+            n = valid_tokens - t0
+            out.append(keep_pairs(n) | (keep_pairs(n - 8) << 16))
+        return out
+    first = (warp % 2) * 32 + 4 * (lane & 3)
     for t0 in (first, first + 16):
         n = valid_tokens - t0
         out.append(0xFFFFFFFF if n >= 4 else (0 if n <= 0 else (1 << (8 * n)) - 1))
     return out
 
 
-def transpose_ldsm_emulated(buf: bytearray, valid_tokens: int = 64) -> None:
+def transpose_ldsm_emulated(buf: bytearray, valid_tokens: int = 64, pi: bool = False) -> None:
     """Replays the kernel's ldmatrix.trans / prmt / stmatrix program on a 32 KiB tile, chunk by
-    chunk (all loads of a chunk before its stores), so the CPU tests check it byte for byte."""
+    chunk (all loads of a chunk before its stores), so the CPU tests check it byte for byte.
+    ``pi``: the token order π (K position k of Vᵀ holds token ``pi(k)``)."""
 
     def b16(off):
         return int.from_bytes(buf[off : off + 2], "little")
@@ -119,7 +152,7 @@ def transpose_ldsm_emulated(buf: bytearray, valid_tokens: int = 64) -> None:
         for k in range(4 * c, 4 * c + 4):
             for w in range(LDSM_WARPS):
                 # row addresses given by the lanes: matrix m, row i -> 16 bytes = 8 b16 elements
-                rows = {(l >> 3, l & 7): ldsm_src(w, l, k) for l in range(32)}
+                rows = {(l >> 3, l & 7): ldsm_src(w, l, k, pi) for l in range(32)}
                 for t in range(32):
                     q, col = t & 3, t >> 2
                     # .trans: thread t gets element (row 2q, 2q+1; column col) of each matrix
@@ -132,8 +165,8 @@ def transpose_ldsm_emulated(buf: bytearray, valid_tokens: int = 64) -> None:
                 dst_rows = {(l >> 3, l & 7): stsm_dst(w, l, k) for l in range(32)}
                 for t in range(32):
                     r0, r1, r2, r3 = regs[(k, w, t)]
-                    s0, s1 = prmt_selectors(t)
-                    lo_mask, hi_mask = ldsm_keep_masks(w, t, valid_tokens)
+                    s0, s1 = prmt_selectors(t, pi)
+                    lo_mask, hi_mask = ldsm_keep_masks(w, t, valid_tokens, pi)
                     words = [prmt(r0, r1, s0) & lo_mask, prmt(r0, r1, s1) & lo_mask,
                              prmt(r2, r3, s0) & hi_mask, prmt(r2, r3, s1) & hi_mask]
                     # stmatrix: register j is matrix j; thread t holds row t/4, bytes 4(t%4)..+3

@@ -30,8 +30,10 @@ def decode_variants(full: bool = True) -> list:
     else:
         shapes = list(itertools.product(HEADS, range(1, MAX_S_Q + 1), PAGE_SIZES, (False, True)))
     out = [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
-    # the non-default layout (no transposer warpgroup) at the quick shapes
-    return out + [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, transposer=False) for h, s, p, c in QUICK_SHAPES]
+    # the non-default layout (no transposer warpgroup) at the quick shapes, the natural token
+    # order (no π) at two of them
+    out += [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, transposer=False) for h, s, p, c in QUICK_SHAPES]
+    return out + [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, pi_order=False) for h, s, p, c in QUICK_SHAPES[:2]]
 
 
 def all_variants(full: bool = True) -> list[tuple[str, object]]:

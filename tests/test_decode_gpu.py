@@ -87,6 +87,23 @@ def test_without_the_transposer_warpgroup(seed, h, s_q, page_size, causal):
         ops.DECODE_TUNING.clear()
 
 
+@pytest.mark.parametrize("h, s_q, page_size, causal", [(128, 1, 64, False), (16, 4, 16, True)])
+def test_natural_token_order(seed, h, s_q, page_size, causal):
+    """``DecodeConfig.pi_order=False`` (Vᵀ and P in token order, P permuted across each
+    quad with shuffles; the default uses the order π, which every other test covers), with
+    and without the transposer warpgroup: block edges, an empty request, split ones."""
+    import snapmla_cute.ops as ops
+
+    rng = random.Random(seed)
+    lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
+    for transposer in (True, False):
+        ops.DECODE_TUNING.update(pi_order=False, transposer=transposer)
+        try:
+            _run_and_check(len(lens), s_q, h, page_size, lens, causal, seed=seed)
+        finally:
+            ops.DECODE_TUNING.clear()
+
+
 @pytest.mark.parametrize("s_q, causal", [(1, False), (2, True)])
 def test_paper_style_data(seed, s_q, causal):
     _run_and_check(2, s_q, 64, 64, [4000, 1500], causal, dist="paper", seed=seed)

@@ -61,26 +61,37 @@ def test_sw128_rows_of_one_column_group_hit_distinct_banks():
         assert len(groups) == 8
 
 
-@pytest.mark.parametrize("valid", [64, 63, 40, 33, 17, 4, 1, 0])
-def test_in_place_transposition_produces_vt(valid):
-    """The kernel's ldmatrix.trans / prmt / stmatrix program, replayed byte for byte."""
+@pytest.mark.parametrize("pi", [False, True])
+@pytest.mark.parametrize("valid", [64, 63, 40, 33, 17, 9, 4, 1, 0])
+def test_in_place_transposition_produces_vt(valid, pi):
+    """The kernel's ldmatrix.trans / prmt / stmatrix program, replayed byte for byte: K
+    position k of Vᵀ holds token k, or token π(k) with ``pi``."""
     rng = random.Random(valid)
     content = [[rng.randrange(256) for _ in range(512)] for _ in range(64)]
     buf = bytearray(32768)
     for r in range(64):
         for c in range(512):
             buf[smem.content_offset(r, c)] = content[r][c]
-    transpose.transpose_ldsm_emulated(buf, valid)
+    transpose.transpose_ldsm_emulated(buf, valid, pi)
     for d in range(512):
-        for t in range(64):
+        for k in range(64):
+            t = transpose.pi(k) if pi else k
             want = content[t][d] if t < valid else 0  # tokens past the sequence are zeroed
-            assert buf[smem.vt_offset(d, t)] == want, (d, t)
+            assert buf[smem.vt_offset(d, k)] == want, (d, k)
 
 
-def test_transposition_is_chunk_local_and_conflict_free():
+def test_pi_permutes_within_each_k_step():
+    """π only reorders tokens inside each 32-wide k-step (the MMA's sums are unchanged)."""
+    ks = [transpose.pi(k) for k in range(64)]
+    for kb in range(2):
+        assert sorted(ks[32 * kb : 32 * kb + 32]) == list(range(32 * kb, 32 * kb + 32))
+
+
+@pytest.mark.parametrize("pi", [False, True])
+def test_transposition_is_chunk_local_and_conflict_free(pi):
     for w in range(transpose.LDSM_WARPS):
         for k in range(transpose.LDSM_STEPS):
-            src = [transpose.ldsm_src(w, lane, k) for lane in range(32)]
+            src = [transpose.ldsm_src(w, lane, k, pi) for lane in range(32)]
             dst = [transpose.stsm_dst(w, lane, k) for lane in range(32)]
             # in place: step k reads and writes only chunk k // 4
             assert {a // smem.CHUNK_BYTES for a in src + dst} == {k // 4}
@@ -100,6 +111,12 @@ def test_prmt_matches_ptx_semantics():
 def test_p_byte_permutation_lands_in_a_operand_order(lane):
     assert sorted(p_permute.c_layout_labels(lane)) != p_permute.a_layout_labels(lane) or lane == 0
     assert p_permute.permuted_labels(lane) == p_permute.a_layout_labels(lane)
+
+
+@pytest.mark.parametrize("lane", range(4))
+def test_p_words_without_shuffles_are_in_pi_order(lane):
+    """With Vᵀ in the order π the P accumulator packs into A-operand words inside each lane."""
+    assert p_permute.pi_packed_labels(lane) == p_permute.pi_a_layout_labels(lane)
 
 
 def test_every_p_byte_kept_exactly_once():

@@ -8,12 +8,15 @@ the KV blocks the split-KV scheduler gave its part. Per 64-token block:
    s = ((acc · σ_q) · σ_k) · scale·log2e. The tensor core's truncating adder is modelled bit
    for bit by ``reference.tensor_core_mma``.
 2. V transposition in place: the content tile (64 tokens x 512 dims, K-major SW128) is
-   rewritten chunk by chunk as Vᵀ (512 x 64, K-major SW64) through registers; tokens past
-   the sequence are zeroed so NaN-filled unused slots never reach the PV GEMM.
+   rewritten chunk by chunk as Vᵀ (512 x 64, K-major SW64, tokens in the order π) through
+   registers; tokens past the sequence are zeroed so NaN-filled unused slots never reach
+   the PV GEMM.
 3. Online softmax with V-scale fusion P' = P·σ_k and per-row block-wise P quantization
    (σ_p = rowmax(P')/448), implicit dequantization through γ = 2^(m-m_new)·σ_p/σ_p,cur.
-4. P accumulator → e4m3 A-operand register layout (byte permutation,
-   ``make_acc_into_op``), published through shared memory with the softmax state.
+4. P accumulator → e4m3 A-operand registers, one prmt per word inside each lane: Vᵀ and P
+   hold their 64 tokens in the order π of the accumulator's columns (``layouts.transpose.pi``;
+   ``DecodeConfig.pi_order``), so no quad shuffles; published through shared memory with
+   the softmax state.
 5. PV: FP8 WGMMA (Vᵀ from shared memory; P of the WG's own block from its registers, of
    the other WG's block from shared memory), each consumer WG owning 256 output dims,
    strictly in block order; each block's P·V lands in a zeroed accumulator and
@@ -120,6 +123,10 @@ class DecodeConfig:
     # every CTA of this one has started, and this one waits (griddepcontrol.wait) for the
     # previous grid only before its first global access, after its launch and prologue
     pdl: bool = True
+    # Vᵀ and P in the token order π of the QK accumulator (``layouts.transpose.pi``): the
+    # transposer's ldmatrix rows are plain tokens and P is packed into e4m3 words inside
+    # each lane (one prmt per word), without the quad shuffles of ``make_acc_into_op``
+    pi_order: bool = True
 
     @property
     def pv_n(self) -> int:
@@ -240,10 +247,24 @@ class DecodeKernel:
 
     @cute.jit
     def _acc_to_fp8_operand(self, acc, operand_layout_tv):
-        """fp32 P accumulator → e4m3 A-operand registers: cvt, then the quad byte permutation."""
+        """fp32 P accumulator → e4m3 A-operand registers: cvt, then the quad byte permutation
+        (``layouts.p_permute``); with ``DecodeConfig.pi_order`` one prmt per word inside the
+        lane instead (K position k then holds column π(k), as Vᵀ does)."""
         operand = cute.make_rmem_tensor_like(self._c_to_a_layout(acc.layout, operand_layout_tv.shape[1]), FP8)
         operand_as_acc = cute.make_tensor(operand.iterator, acc.layout)
         operand_as_acc.store(acc.load().to(FP8))
+        if cutlass.const_expr(self.cfg.pi_order):
+            values = cute.recast_tensor(operand, Uint32)
+            for n in cutlass.range_constexpr(cute.size(values, mode=[1])):
+                for k in cutlass.range_constexpr(cute.size(values, mode=[2])):
+                    for ii in cutlass.range_constexpr(0, 4, 2):
+                        # words ii, ii+1: rows (r, r+8) x columns (2q, 2q+1) of column groups
+                        # 2g, 2g+1 → row r's four columns, then row r+8's
+                        v0 = values[ii, n, k]
+                        v1 = values[ii + 1, n, k]
+                        values[ii, n, k] = cute.arch.prmt(v0, v1, 0x5410)
+                        values[ii + 1, n, k] = cute.arch.prmt(v0, v1, 0x7632)
+            return operand
         tidx, _, _ = cute.arch.thread_idx()
         tid = tidx % 4
         values = cute.recast_tensor(operand, Uint32)
@@ -793,6 +814,17 @@ class DecodeKernel:
                 keep = (Uint32(1) << (8 * n)) - Uint32(1)
         return keep
 
+    @cute.jit
+    def keep_pairs(self, n):
+        """``layouts.transpose.keep_pairs``: the low two bytes of a word, the first ``n``
+        (clamped to 0..2) kept."""
+        keep = Uint32(0)
+        if n >= 2:
+            keep = Uint32(0xFFFF)
+        elif n == 1:
+            keep = Uint32(0xFF)
+        return keep
+
     @staticmethod
     def pair_barrier(ids, slot):
         """The two consumer WGs' named barrier ``ids[slot]`` (roles.BARRIERS.state / pfree)."""
@@ -824,23 +856,34 @@ class DecodeKernel:
         bank-conflict free."""
         warp = wg_tidx // 32
         lane = wg_tidx % 32
+        pi = self.cfg.pi_order
         base = kv_addr + stage * (L.BLOCK_N * CONTENT_DIM)
-        src0 = T.ldsm_src(warp, lane, 0)
+        src0 = T.ldsm_src(warp, lane, 0, pi)
         dst0 = base + T.stsm_dst(warp, lane, 0)
         q = lane & 3
         sel_even = Int32(0x6420)
         sel_odd = Int32(0x7531)
-        if q >= 2:
-            sel_even = Int32(0x2064)
-            sel_odd = Int32(0x3175)
+        if cutlass.const_expr(not pi):
+            if q >= 2:
+                sel_even = Int32(0x2064)
+                sel_odd = Int32(0x3175)
         sel0 = sel_even
         sel1 = sel_odd
         if lane >= 16:  # c = lane / 4 >= 4: the two words swap dims
             sel0 = sel_odd
             sel1 = sel_even
-        first = (warp % 2) * 32 + 4 * q
-        keep_lo = self.keep_bytes(valid_tokens - first)
-        keep_hi = self.keep_bytes(valid_tokens - first - 16)
+        keep_lo = Uint32(0xFFFFFFFF)
+        keep_hi = Uint32(0xFFFFFFFF)
+        if cutlass.const_expr(masked):
+            if cutlass.const_expr(pi):
+                # words of tokens t0, t0+1, t0+8, t0+9 (``layouts.transpose.ldsm_keep_masks``)
+                first = (warp % 2) * 32 + 2 * q
+                keep_lo = self.keep_pairs(valid_tokens - first) | (self.keep_pairs(valid_tokens - first - 8) << 16)
+                keep_hi = self.keep_pairs(valid_tokens - first - 16) | (self.keep_pairs(valid_tokens - first - 24) << 16)
+            else:
+                first = (warp % 2) * 32 + 4 * q
+                keep_lo = self.keep_bytes(valid_tokens - first)
+                keep_hi = self.keep_bytes(valid_tokens - first - 16)
         per_chunk = T.LDSM_STEPS // 4
         for c in cutlass.range_constexpr(4):
             regs = []
