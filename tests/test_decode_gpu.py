@@ -104,6 +104,21 @@ def test_natural_token_order(seed, h, s_q, page_size, causal):
             ops.DECODE_TUNING.clear()
 
 
+def test_waiting_for_the_other_warpgroups_blocks(seed):
+    """``DecodeConfig.other_kv_wait=True``: each consumer also waits for the TMA of the
+    other consumer's blocks (the default leaves those waits out)."""
+    import snapmla_cute.ops as ops
+
+    rng = random.Random(seed)
+    lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
+    ops.DECODE_TUNING.update(other_kv_wait=True)
+    try:
+        _run_and_check(len(lens), 1, 128, 64, lens, False, seed=seed)
+        _run_and_check(len(lens), 4, 16, 16, lens, True, seed=seed)
+    finally:
+        ops.DECODE_TUNING.clear()
+
+
 @pytest.mark.parametrize("s_q, causal", [(1, False), (2, True)])
 def test_paper_style_data(seed, s_q, causal):
     _run_and_check(2, s_q, 64, 64, [4000, 1500], causal, dist="paper", seed=seed)

@@ -127,6 +127,10 @@ class DecodeConfig:
     # transposer's ldmatrix rows are plain tokens and P is packed into e4m3 words inside
     # each lane (one prmt per word), without the quad shuffles of ``make_acc_into_op``
     pi_order: bool = True
+    # each consumer also waits for the TMA of the other WG's blocks (A/B). Not needed: it
+    # reads only their Vᵀ (after the transposer's or the owner's handshake, which follow
+    # the owner's own wait) and their P, and releases such a stage after that
+    other_kv_wait: bool = False
 
     @property
     def pv_n(self) -> int:
@@ -1114,8 +1118,9 @@ class DecodeKernel:
             if r == 0 and wg_tidx == 0:
                 self.stamp("q_arrived", wg)
             first = (wg + k0) & 1  # my first block in this request (blocks alternate owners)
-            if first == 1 and n >= 1:
-                kv_pipe.consumer_wait(self.kv_state(k0))
+            if cutlass.const_expr(cfg.other_kv_wait):
+                if first == 1 and n >= 1:
+                    kv_pipe.consumer_wait(self.kv_state(k0))
             if first < n:
                 kv_pipe.consumer_wait(self.kv_state(k0 + first))
                 if cutlass.const_expr(cfg.qk_early):
@@ -1225,8 +1230,9 @@ class DecodeKernel:
                 kv_pipe.consumer_release(self.kv_state(g))
                 self.lstamp_it("pv_done", wg, r, j, wg_tidx)
                 # ---- next owned block: its QK runs while this WG waits for the other's state
-                if j + 1 < n:
-                    kv_pipe.consumer_wait(self.kv_state(g + 1))
+                if cutlass.const_expr(cfg.other_kv_wait):
+                    if j + 1 < n:
+                        kv_pipe.consumer_wait(self.kv_state(g + 1))
                 if j + 2 < n:
                     kv_pipe.consumer_wait(self.kv_state(g + 2))
                     self.lstamp_it("kv_waited", wg, r, j, wg_tidx)
