@@ -131,6 +131,9 @@ class DecodeConfig:
     # reads only their Vᵀ (after the transposer's or the owner's handshake, which follow
     # the owner's own wait) and their P, and releases such a stage after that
     other_kv_wait: bool = False
+    # before its PV of blocks j-1 and j a consumer also waits for the transposer's signal of
+    # j-1 (A/B; implied by j's: the transposer works and signals in block order)
+    vt_wait_both: bool = False
 
     @property
     def pv_n(self) -> int:
@@ -375,7 +378,8 @@ class DecodeKernel:
             qk_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: owner's QK done
             vt_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: Vᵀ written
             vt_valid: cute.struct.MemRange[Int32, stages]  # transposer: valid tokens of the block
-            state: cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE]
+            # (row, field, slot), a row's 4 fields contiguous (one 16-byte access)
+            state: cute.struct.Align[cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE], 16]
             plan: cute.struct.MemRange[Int32, PLAN_WORDS]
             scan: cute.struct.MemRange[Int32, self.threads // 32]
             k_scale: cute.struct.Align[cute.struct.MemRange[Float32, self.scale_stride * self.n_sub * stages], 128]
@@ -498,7 +502,7 @@ class DecodeKernel:
         )
         s_p = storage.p.get_tensor(p_sl.outer, swizzle=p_sl.inner)
         s_vt = cute.make_tensor(cute.recast_ptr(s_kv.iterator, vt_sl.inner), vt_sl.outer)
-        s_state = storage.state.get_tensor(cute.make_layout((L.M_TILE, 4, 2)))
+        s_state = storage.state.get_tensor(cute.make_layout((L.M_TILE, 4, 2), stride=(4, 1, 4 * L.M_TILE)))
 
         s_plan = storage.plan.get_tensor(cute.make_layout((PLAN_WORDS,)))
 
@@ -846,10 +850,12 @@ class DecodeKernel:
         alternate owners and slots alike)."""
         for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
             lr = c_s_mn[i, 0][0]
-            row_max[i] = s_state[lr, 0, slot]
-            sigma_p[i] = s_state[lr, 1, slot]
-            row_sum[i] = s_state[lr, 2, slot]
-            gamma_o[i] = s_state[lr, 3, slot]
+            st = cute.make_rmem_tensor((4,), Float32)
+            cute.autovec_copy(s_state[lr, None, slot], st)
+            row_max[i] = st[0]
+            sigma_p[i] = st[1]
+            row_sum[i] = st[2]
+            gamma_o[i] = st[3]
 
     @cute.jit
     def transpose_v(self, kv_addr: Int32, stage, valid_tokens, sync, wg_tidx, masked: cutlass.Constexpr):
@@ -1191,10 +1197,12 @@ class DecodeKernel:
                 if wg_tidx % 4 == 0:
                     for i in cutlass.range_constexpr(rows_per_thr):
                         lr = c_s_mn[i, 0][0]
-                        s_state[lr, 0, slot] = row_max[i]
-                        s_state[lr, 1, slot] = sigma_p[i]
-                        s_state[lr, 2, slot] = row_sum[i]
-                        s_state[lr, 3, slot] = gamma[i]
+                        st = cute.make_rmem_tensor((4,), Float32)
+                        st[0] = row_max[i]
+                        st[1] = sigma_p[i]
+                        st[2] = row_sum[i]
+                        st[3] = gamma[i]
+                        cute.autovec_copy(st, s_state[lr, None, slot])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 # each thread releases its own P and state to the other WG; this WG's own
                 # warps meet only before their PV of this block (``late_p_sync``), by when
@@ -1208,8 +1216,11 @@ class DecodeKernel:
                 own_p = t_p if cfg.pv_own_rs else None
                 own_sync = wg_sync if cfg.late_p_sync and not cfg.pv_own_rs else None
                 if cutlass.const_expr(cfg.transposer):
-                    if j >= 1:
-                        self.wait_vt(vt_mbar, g - 1)
+                    # the transposer finishes blocks in order, each thread arriving after
+                    # its stores and fence: Vᵀ of g ready means Vᵀ of g-1 too
+                    if cutlass.const_expr(cfg.vt_wait_both):
+                        if j >= 1:
+                            self.wait_vt(vt_mbar, g - 1)
                     self.wait_vt(vt_mbar, g)
                 self.lstamp_it("vt_waited", wg, r, j, wg_tidx)
                 if j >= 1:
