@@ -14,9 +14,11 @@ One CTA = 4 warpgroups (512 threads; ``DecodeConfig.transposer``, the default):
   consumer ``w`` owns output dims ``[256 w, 256 w + 256)``. They own alternate KV blocks
   (App. C Algorithm 1). For its block j a consumer waits for its QK (issued after its PV
   of block j-2), signals ``qk_done``, waits for the other consumer's softmax state of block
-  j-1, runs the softmax, publishes P_j and its state, then (after ``vt_ready`` of both
-  blocks) runs its half of PV for block j-1 and block j, in block order (App. C order
-  enforcement: the accumulator's scale only moves forward), and issues QK of block j+2.
+  j-1, runs the softmax, publishes P_j and its state, then (after ``vt_ready`` of block j,
+  which implies j-1's: the transposer signals in block order) runs its half of PV for
+  block j-1 and block j, in block order (App. C order enforcement: the accumulator's scale
+  only moves forward), and issues QK of block j+2 once its KV has landed (a consumer waits
+  for the TMA of its own blocks only: of the other's it reads Vᵀ and P).
 
 Without the transposer (``transposer=False``): 3 warpgroups (384 threads), consumers WG1
 and WG2 at 240 registers, each transposing its own blocks in place between its QK wait

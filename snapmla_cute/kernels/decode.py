@@ -1044,8 +1044,8 @@ class DecodeKernel:
         its QK (issued two blocks earlier), hands the block to the transposer WG (or, without
         it, transposes V_j in place itself), waits for the other WG's state of block j-1, runs
         the softmax of block j and publishes P_j and its state, then runs PV of block j-1 (P
-        from shared memory) and of block j (P from registers), after their Vᵀ is written, and finally
-        issues QK of block j+2. The chain between the WGs is softmax → state → softmax; QK
+        from shared memory) and of block j (P from registers), after their Vᵀ is written
+        (the transposer's signal of j implies j-1's), and finally issues QK of block j+2. The chain between the WGs is softmax → state → softmax; QK
         and PV of one WG overlap the other's softmax."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
