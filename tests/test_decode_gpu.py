@@ -105,14 +105,15 @@ def test_natural_token_order(seed, h, s_q, page_size, causal):
 
 
 def test_waiting_for_the_other_warpgroups_blocks(seed):
-    """``DecodeConfig.other_kv_wait=True, vt_wait_both=True``: each consumer also waits for
-    the TMA of the other consumer's blocks and for the transposer's signal of both blocks
-    of its PV (the default leaves those implied waits out)."""
+    """``DecodeConfig.other_kv_wait=True, vt_wait_both=True, p_stsm=False``: each consumer
+    also waits for the TMA of the other consumer's blocks and for the transposer's signal of
+    both blocks of its PV (the default leaves those implied waits out), and stores P with
+    scalar stores instead of stmatrix."""
     import snapmla_cute.ops as ops
 
     rng = random.Random(seed)
     lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
-    ops.DECODE_TUNING.update(other_kv_wait=True, vt_wait_both=True)
+    ops.DECODE_TUNING.update(other_kv_wait=True, vt_wait_both=True, p_stsm=False)
     try:
         _run_and_check(len(lens), 1, 128, 64, lens, False, seed=seed)
         _run_and_check(len(lens), 4, 16, 16, lens, True, seed=seed)

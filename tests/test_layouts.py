@@ -152,3 +152,20 @@ def test_render_draws_a_tile():
     text = smem.render("vt", rows=4, cols=4)
     assert text.splitlines()[0].startswith("vt:") and len(text.splitlines()) == 5
 
+
+
+def test_p_stmatrix_rows_land_the_a_fragment_words_conflict_free():
+    """``DecodeConfig.p_stsm``: lane l of warp w gives stmatrix row (16w + l%8 + 8·(l/8 % 2),
+    k-half 16·(l/16) + 32·kb) of the P tile; thread t's register j (the A-fragment word of
+    row 16w + t/4 + 8·(j%2), k = 16·(j/2) + 32·kb + 4·(t%4)) then lands where the A-operand
+    view stores it, and each 8-lane phase hits 8 distinct 16-byte bank groups."""
+    for w in range(4):
+        for kb in range(2):
+            rows = [smem.p_offset(16 * w + (l & 7) + 8 * ((l >> 3) & 1), 16 * (l >> 4) + 32 * kb) for l in range(32)]
+            for m in range(4):
+                assert len({(a % 128) // 16 for a in rows[8 * m : 8 * m + 8]}) == 8
+            for t in range(32):
+                q, c = t & 3, t >> 2
+                for j in range(4):
+                    row, k = 16 * w + c + 8 * (j & 1), 16 * (j >> 1) + 32 * kb + 4 * q
+                    assert rows[8 * j + c] + 4 * q == smem.p_offset(row, k)

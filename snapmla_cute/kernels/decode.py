@@ -134,6 +134,9 @@ class DecodeConfig:
     # before its PV of blocks j-1 and j a consumer also waits for the transposer's signal of
     # j-1 (A/B; implied by j's: the transposer works and signals in block order)
     vt_wait_both: bool = False
+    # P published with two stmatrix.x4 per thread and block (the A-fragment words are
+    # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
+    p_stsm: bool = True
 
     @property
     def pv_n(self) -> int:
@@ -1074,6 +1077,7 @@ class DecodeKernel:
         ]
         t_p_ss = pv_ss_thr.make_fragment_A(pv_ss_thr.partition_A(s_p))
         t_p_store = pv_rs_thr.partition_A(s_p)  # this thread's register-layout view of sP
+        p_addr = s_p.iterator.toint()  # (p_stsm)
 
         acc_o = [pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n))) for _ in range(cfg.pv_splits)]
         acc_o_mn = [cute.make_tensor(a.iterator, self._layout_acc_mn(pv_mma_rs, a.layout)) for a in acc_o]
@@ -1193,7 +1197,17 @@ class DecodeKernel:
                 # ---- publish P and the softmax state (and, without the transposer, Vᵀ)
                 if g >= 2:
                     self.pair_barrier(roles.BARRIERS.pfree, slot).arrive_and_wait()
-                cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
+                if cutlass.const_expr(cfg.p_stsm):
+                    words = cute.recast_tensor(t_p, Uint32)
+                    for kb in cutlass.range_constexpr(cute.size(words, mode=[2])):
+                        # lane l addresses row l%8 (+8 for matrices 1, 3) of its warp's 16,
+                        # k-half l/16 of k-step kb (``layouts.smem.p_offset``)
+                        lane = wg_tidx % 32
+                        row = (wg_tidx // 32) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)
+                        addr = p_addr + slot * (L.M_TILE * L.BLOCK_N) + L.p_offset(row, 16 * (lane >> 4) + 32 * kb)
+                        stsm_x4(addr, *[Int32(words[i, 0, kb]) for i in range(4)])
+                else:
+                    cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
                 if wg_tidx % 4 == 0:
                     for i in cutlass.range_constexpr(rows_per_thr):
                         lr = c_s_mn[i, 0][0]
