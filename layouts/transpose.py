@@ -116,9 +116,9 @@ def prmt_selectors(lane, pi: bool = False):
     return (odd, even) if c >= 4 else (even, odd)
 
 
-def keep_pairs(n):
-    """Mask of the low two bytes of a word: the first ``n`` (clamped to 0..2) kept."""
-    return 0 if n <= 0 else (0xFF if n == 1 else 0xFFFF)
+def keep_bytes(n):
+    """Mask of the low bytes of a word: the first ``n`` (clamped to 0..4) kept."""
+    return 0xFFFFFFFF if n >= 4 else (0 if n <= 0 else (1 << (8 * n)) - 1)
 
 
 def ldsm_keep_masks(warp, lane, valid_tokens, pi: bool = False):
@@ -130,13 +130,10 @@ def ldsm_keep_masks(warp, lane, valid_tokens, pi: bool = False):
         first = (warp % 2) * 32 + 2 * (lane & 3)
         for t0 in (first, first + 16):
             n = valid_tokens - t0
-            out.append(keep_pairs(n) | (keep_pairs(n - 8) << 16))
+            out.append((keep_bytes(n) & 0xFFFF) | ((keep_bytes(n - 8) & 0xFFFF) << 16))
         return out
     first = (warp % 2) * 32 + 4 * (lane & 3)
-    for t0 in (first, first + 16):
-        n = valid_tokens - t0
-        out.append(0xFFFFFFFF if n >= 4 else (0 if n <= 0 else (1 << (8 * n)) - 1))
-    return out
+    return [keep_bytes(valid_tokens - t0) for t0 in (first, first + 16)]
 
 
 def transpose_ldsm_emulated(buf: bytearray, valid_tokens: int = 64, pi: bool = False) -> None:

@@ -825,17 +825,6 @@ class DecodeKernel:
                 keep = (Uint32(1) << (8 * n)) - Uint32(1)
         return keep
 
-    @cute.jit
-    def keep_pairs(self, n):
-        """``layouts.transpose.keep_pairs``: the low two bytes of a word, the first ``n``
-        (clamped to 0..2) kept."""
-        keep = Uint32(0)
-        if n >= 2:
-            keep = Uint32(0xFFFF)
-        elif n == 1:
-            keep = Uint32(0xFF)
-        return keep
-
     @staticmethod
     def pair_barrier(ids, slot):
         """The two consumer WGs' named barrier ``ids[slot]`` (roles.BARRIERS.state / pfree)."""
@@ -889,10 +878,14 @@ class DecodeKernel:
         keep_hi = Uint32(0xFFFFFFFF)
         if cutlass.const_expr(masked):
             if cutlass.const_expr(pi):
-                # words of tokens t0, t0+1, t0+8, t0+9 (``layouts.transpose.ldsm_keep_masks``)
+                # words of tokens t0, t0+1, t0+8, t0+9 (``layouts.transpose.ldsm_keep_masks``):
+                # the low two bytes of two 4-token masks
                 first = (warp % 2) * 32 + 2 * q
-                keep_lo = self.keep_pairs(valid_tokens - first) | (self.keep_pairs(valid_tokens - first - 8) << 16)
-                keep_hi = self.keep_pairs(valid_tokens - first - 16) | (self.keep_pairs(valid_tokens - first - 24) << 16)
+                pair = Uint32(0xFFFF)
+                keep_lo = (self.keep_bytes(valid_tokens - first) & pair) | (
+                    (self.keep_bytes(valid_tokens - first - 8) & pair) << 16)
+                keep_hi = (self.keep_bytes(valid_tokens - first - 16) & pair) | (
+                    (self.keep_bytes(valid_tokens - first - 24) & pair) << 16)
             else:
                 first = (warp % 2) * 32 + 4 * q
                 keep_lo = self.keep_bytes(valid_tokens - first)
@@ -1048,8 +1041,9 @@ class DecodeKernel:
         it, transposes V_j in place itself), waits for the other WG's state of block j-1, runs
         the softmax of block j and publishes P_j and its state, then runs PV of block j-1 (P
         from shared memory) and of block j (P from registers), after their Vᵀ is written
-        (the transposer's signal of j implies j-1's), and finally issues QK of block j+2. The chain between the WGs is softmax → state → softmax; QK
-        and PV of one WG overlap the other's softmax."""
+        (the transposer's signal of j implies j-1's), and finally issues QK of block j+2.
+        The chain between the WGs is softmax → state → softmax; QK and PV of one WG overlap
+        the other's softmax."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         wg_tidx = tidx % roles.THREADS_PER_WG
