@@ -46,9 +46,11 @@ def summarize(t):
     cons = t[:, :LOOP_PROD].view(-1, 2, LOOP_ITERS, len(EV))
     wrap = lambda x: x % (1 << 32)  # noqa: E731 (32-bit clock)
     lines = [f"CTAs traced {int(ok.sum())}"]
-    steps = [(EV[k], EV[k + 1]) for k in range(len(EV) - 1)]
     for wg in range(2):
         c = cons[:, wg, lo:]
+        # phases in the order the events happen (variants may reorder them)
+        order = sorted(EV, key=lambda e: float(wrap(c[..., LOOP_EVENTS[e]] - c[..., 0]).median()))
+        steps = [(order[k], order[k + 1]) for k in range(len(order) - 1)]
         cells = []
         for a, b in steps:
             d = wrap(c[..., LOOP_EVENTS[b]] - c[..., LOOP_EVENTS[a]])
