@@ -53,6 +53,14 @@ def p_offset(row: int, token: int) -> int:
     return swizzle((row % 8) * 64 + (row // 8) * 512 + token, 2)
 
 
+def p_stsm_offset(warp, lane, kb: int):
+    """Byte offset in the P tile of ``lane``'s stmatrix.x4 row address for k-step ``kb``
+    (``DecodeConfig.p_stsm``): row 16·warp + lane%8 (+8 for matrices 1, 3), k-half lane/16.
+    Plain integer ops, so the kernel traces it on DSL ints."""
+    row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)
+    return p_offset(row, 16 * (lane >> 4) + 32 * kb)
+
+
 # ------------------------------------------------------------------------------------------
 # CuTe layout objects (call inside @cute.jit)
 # ------------------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ def test_p_stmatrix_rows_land_the_a_fragment_words_conflict_free():
     view stores it, and each 8-lane phase hits 8 distinct 16-byte bank groups."""
     for w in range(4):
         for kb in range(2):
-            rows = [smem.p_offset(16 * w + (l & 7) + 8 * ((l >> 3) & 1), 16 * (l >> 4) + 32 * kb) for l in range(32)]
+            rows = [smem.p_stsm_offset(w, l, kb) for l in range(32)]
             for m in range(4):
                 assert len({(a % 128) // 16 for a in rows[8 * m : 8 * m + 8]}) == 8
             for t in range(32):

@@ -5,7 +5,7 @@
 #   bash profiles/experiments/mem_units.sh [s1|s2]   (the default kernel; results: profiles/NOTES.md)
 set -euo pipefail
 shape=${1:-s1}
-ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+ncu=$(python3 -c "from snapmla_cute.profiling import ncu_binary; print(ncu_binary() or 'ncu')")
 want="dram__throughput l1tex__data_bank_reads l1tex__data_bank_writes l1tex__data_pipe_lsu_wavefronts
 l1tex__data_pipe_lsu_wavefronts_mem_shared l1tex__lsuin_requests l1tex__m_xbar2l1tex_read_bytes
 lts__t_sectors lts__t_sectors_srcunit_tex lts__d_sectors lts__t_tag_requests lts__lts2xbar_cycles_active

@@ -1194,11 +1194,8 @@ class DecodeKernel:
                 if cutlass.const_expr(cfg.p_stsm):
                     words = cute.recast_tensor(t_p, Uint32)
                     for kb in cutlass.range_constexpr(cute.size(words, mode=[2])):
-                        # lane l addresses row l%8 (+8 for matrices 1, 3) of its warp's 16,
-                        # k-half l/16 of k-step kb (``layouts.smem.p_offset``)
-                        lane = wg_tidx % 32
-                        row = (wg_tidx // 32) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)
-                        addr = p_addr + slot * (L.M_TILE * L.BLOCK_N) + L.p_offset(row, 16 * (lane >> 4) + 32 * kb)
+                        off = L.p_stsm_offset(wg_tidx // 32, wg_tidx % 32, kb)
+                        addr = p_addr + slot * (L.M_TILE * L.BLOCK_N) + off
                         stsm_x4(addr, *[Int32(words[i, 0, kb]) for i in range(4)])
                 else:
                     cute.autovec_copy(t_p, t_p_store[None, None, None, slot])
