@@ -195,7 +195,9 @@ def plot_rows(rows, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _decode_lengths(b: int, s_k: int, varlen: bool, seed: int = 0) -> list[int]:
+def decode_lengths(b: int, s_k: int, varlen: bool, seed: int = 0) -> list[int]:
+    """The bench's request lengths: all ``s_k``, or (varlen) uniform in [s_k/2, 3·s_k/2]
+    from a fixed seed, so every run times the same batch."""
     if not varlen:
         return [s_k] * b
     g = torch.Generator().manual_seed(seed)
@@ -214,7 +216,7 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
     peak = anchors.CEILINGS[kind]["mixed_fp8_tflops"] if kind else float("nan")
     rows = []
     for b, h, s_q, s_k, varlen in shapes:
-        lens = _decode_lengths(b, s_k, varlen)
+        lens = decode_lengths(b, s_k, varlen)
         causal = s_q > 1
         pages_per = [(L + page_size - 1) // page_size for L in lens]
         total_pages = sum(pages_per)

@@ -41,6 +41,7 @@ class Shape:
     seqlen: int
     causal: bool
     page_size: int = 64
+    varlen: bool = False  # lengths drawn as the bench's varlen row does (around seqlen)
 
 
 SHAPES = {
@@ -60,7 +61,11 @@ def make_case(shape: Shape) -> dict:
 
     from snapmla_cute import FP8KVCache, decode_metadata, mla_decode, quantize_q
 
-    b, h, s_q, L, ps = shape.batch, shape.heads, shape.s_q, shape.seqlen, shape.page_size
+    from snapmla_cute.bench import decode_lengths
+
+    b, h, s_q, ps = shape.batch, shape.heads, shape.s_q, shape.page_size
+    lens = decode_lengths(b, shape.seqlen, shape.varlen)
+    L = max(lens)
     n = (L + ps - 1) // ps
     c = dict(cache=FP8KVCache.allocate(b * n, ps, device="cuda"))
     c["cache"].kv.random_(0, 100)  # finite e4m3 codes (bytes < 0x7f: |x| < 448, no NaN)
@@ -69,7 +74,7 @@ def make_case(shape: Shape) -> dict:
     c["cache"].kv[:, :, 512:] = rope.view(torch.uint8).view(b * n, ps, 128)
     c["cache"].kv_scale.fill_(1e-2)
     c["block_table"] = torch.randperm(b * n, device="cuda", dtype=torch.int32).view(b, n)
-    c["seqlens"] = torch.full((b,), L, dtype=torch.int32, device="cuda")
+    c["seqlens"] = torch.tensor(lens, dtype=torch.int32, device="cuda")
     c["q_bf16"] = torch.randn(b, s_q, h, 576, device="cuda", dtype=torch.bfloat16)
     c["q"] = quantize_q(c["q_bf16"])
     c["metadata"] = decode_metadata(c["seqlens"], s_q=s_q, heads=h)

@@ -5,6 +5,7 @@ timing-only (wrong results on purpose).
 
     python3 profiles/experiments/variants.py                # the default A/B set
     python3 profiles/experiments/variants.py --small --skeleton --json out.json
+    python3 profiles/experiments/variants.py --small --h64 --bounds  # the pipeline's own times
 """
 
 import argparse
@@ -18,6 +19,13 @@ from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import SHAPES, Shape, make_case
 
 SKELETON = ("qk", "pv", "transpose", "softmax")
+# what the rest of the kernel takes without some of its stages (timing only): the data
+# pipeline with the GEMMs, and without them (NOTES, "Tenth session")
+BOUNDS = {
+    "no_softmax": {"skip": ("softmax",)},
+    "gemms_only": {"skip": ("transpose", "softmax")},
+    "skeleton": {"skip": SKELETON},
+}
 DEFAULT_SHAPES = [SHAPES["s1"], SHAPES["s2"]]
 H64_SHAPES = [Shape("b32 h64 s_q1 s_k8192", 32, 64, 1, 8192, False)]  # with --h64
 SMALL_SHAPES = [  # with --small
@@ -46,6 +54,9 @@ def main():
     ap.add_argument("--small", action="store_true", help="also the s_k640 shapes")
     ap.add_argument("--skeleton", action="store_true", help="also every compute stage left out")
     ap.add_argument("--h64", action="store_true", help="also b32 h64 s_k8192")
+    ap.add_argument("--varlen", action="store_true", help="also the bench's varlen row (b128, lengths around 8192)")
+    ap.add_argument("--bounds", action="store_true",
+                    help="also the softmax, softmax + transposition, and every compute stage left out")
     ap.add_argument("--no-s2", action="store_true", help="leave out the s_q2 causal shape")
     ap.add_argument("--no-s1", action="store_true", help="leave out the s_k4096 shape")
     ap.add_argument("--shapes", default="", help="more h128 s_q1 shapes as batch:length,... (e.g. 1:4096,8:4096)")
@@ -58,11 +69,14 @@ def main():
         Shape(f"b{b} h128 s_q1 s_k{n}", int(b), 128, 1, int(n), False)
         for b, n in (x.split(":") for x in args.shapes.split(",") if x)
     ]
-    for sh in shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else []) + extra:
+    varlen = [Shape("b128 h128 s_q1 s_k8192 varlen", 128, 128, 1, 8192, False, varlen=True)] if args.varlen else []
+    for sh in shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else []) + varlen + extra:
         c = make_case(sh)
         variants = json.loads(args.variants) if args.variants else dict(DEFAULT_VARIANTS)
         # JSON lists (e.g. "skip") as tuples: the tuning is part of a hashed cache key
         variants = {n: {k: tuple(v) if isinstance(v, list) else v for k, v in t.items()} for n, t in variants.items()}
+        if args.bounds:
+            variants.update(BOUNDS)
         if args.skeleton:
             variants["skeleton"] = {"skip": SKELETON}
         errs = {}
