@@ -153,7 +153,6 @@ def test_render_draws_a_tile():
     assert text.splitlines()[0].startswith("vt:") and len(text.splitlines()) == 5
 
 
-
 def test_p_stmatrix_rows_land_the_a_fragment_words_conflict_free():
     """``DecodeConfig.p_stsm``: lane l of warp w gives stmatrix row (16w + l%8 + 8·(l/8 % 2),
     k-half 16·(l/16) + 32·kb) of the P tile; thread t's register j (the A-fragment word of

@@ -28,6 +28,7 @@ BOUNDS = {
 }
 DEFAULT_SHAPES = [SHAPES["s1"], SHAPES["s2"]]
 H64_SHAPES = [Shape("b32 h64 s_q1 s_k8192", 32, 64, 1, 8192, False)]  # with --h64
+VARLEN_SHAPES = [Shape("b128 h128 s_q1 s_k8192 varlen", 128, 128, 1, 8192, False, varlen=True)]  # with --varlen
 SMALL_SHAPES = [  # with --small
     Shape("b128 h128 s_q1 s_k640", 128, 128, 1, 640, False),
     Shape("b1 h128 s_q1 s_k640", 1, 128, 1, 640, False),
@@ -69,8 +70,8 @@ def main():
         Shape(f"b{b} h128 s_q1 s_k{n}", int(b), 128, 1, int(n), False)
         for b, n in (x.split(":") for x in args.shapes.split(",") if x)
     ]
-    varlen = [Shape("b128 h128 s_q1 s_k8192 varlen", 128, 128, 1, 8192, False, varlen=True)] if args.varlen else []
-    for sh in shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else []) + varlen + extra:
+    for sh in (shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else [])
+               + (VARLEN_SHAPES if args.varlen else []) + extra):
         c = make_case(sh)
         variants = json.loads(args.variants) if args.variants else dict(DEFAULT_VARIANTS)
         # JSON lists (e.g. "skip") as tuples: the tuning is part of a hashed cache key

@@ -882,10 +882,13 @@ class DecodeKernel:
                 # the low two bytes of two 4-token masks
                 first = (warp % 2) * 32 + 2 * q
                 pair = Uint32(0xFFFF)
-                keep_lo = (self.keep_bytes(valid_tokens - first) & pair) | (
-                    (self.keep_bytes(valid_tokens - first - 8) & pair) << 16)
-                keep_hi = (self.keep_bytes(valid_tokens - first - 16) & pair) | (
-                    (self.keep_bytes(valid_tokens - first - 24) & pair) << 16)
+
+                def keep_pairs(t0):
+                    return (self.keep_bytes(valid_tokens - t0) & pair) | (
+                        (self.keep_bytes(valid_tokens - t0 - 8) & pair) << 16)
+
+                keep_lo = keep_pairs(first)
+                keep_hi = keep_pairs(first + 16)
             else:
                 first = (warp % 2) * 32 + 4 * q
                 keep_lo = self.keep_bytes(valid_tokens - first)
