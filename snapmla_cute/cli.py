@@ -23,6 +23,11 @@ def _compile(args):
         variants = [v for v in variants if v[0] in args.kernels]
     rows = compile_report(arch=args.arch, variants=variants, jobs=args.jobs)
     print_report(rows)
+    if args.sass_digest:
+        from snapmla_cute.compile_report import write_digests
+
+        write_digests(rows, args.sass_digest)
+        print(f"SASS digests of {len(rows)} variants written to {args.sass_digest}")
     bad = violations(rows)
     for line in bad:
         print(f"FAIL {line}", file=sys.stderr)
@@ -138,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quick", action="store_true", help="main decode variants only")
     c.add_argument("--kernels", nargs="+", help="only these kernels (e.g. decode decode_step)")
     c.add_argument("--jobs", type=int, default=2, help="parallel compile processes")
+    c.add_argument("--sass-digest", metavar="FILE",
+                   help="write {variant: sha256 of its SASS, kernel symbols normalized} as JSON")
     c.set_defaults(func=_compile)
 
     b = sub.add_parser("bench", help="time the kernels on the GPU and print a table")

@@ -2,12 +2,17 @@
 
 Per variant: registers per thread at launch (ELF), the highest register the code touches
 (consumer warpgroups raise their budget with setmaxnreg), stack frame bytes, local-memory
-loads/stores (spills), FP8 (QGMMA) and BF16 (HGMMA) warpgroup MMA counts.
+loads/stores (spills), FP8 (QGMMA) and BF16 (HGMMA) warpgroup MMA counts, and a digest of
+the SASS with the kernels' symbol names normalized (``sass_digest``): a change that only
+moves code shows the same digest for every variant before and after.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import json
 import multiprocessing
 import re
 from concurrent.futures import ProcessPoolExecutor
@@ -48,6 +53,29 @@ def all_variants(full: bool = True) -> list[tuple[str, object]]:
     return out
 
 
+# the DSL names a kernel after its module, class and argument types; a move renames it
+_SYMBOL = re.compile(r"\bkernel_cutlass_\w+")
+
+
+def sass_digest(sass: str) -> str:
+    """sha256 of a SASS listing with every kernel symbol replaced by its order of appearance."""
+    names: dict[str, str] = {}
+    text = _SYMBOL.sub(lambda m: names.setdefault(m.group(0), f"KERNEL{len(names)}"), sass)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def variant_key(name: str, config) -> str:
+    """A variant's name for digests: the kernel and its config fields that differ from their
+    defaults (fields without a default, the shape, always), so adding or deleting a field
+    with its shipped value keeps every key."""
+    return f"{name} [{_short(config)}]"
+
+
+def write_digests(rows, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump({variant_key(r["kernel"], r["config"]): r["sass_digest"] for r in rows}, f, indent=1, sort_keys=True)
+
+
 def _report_one(args) -> dict:
     name, config, arch = args
     compiled = jit_cache.compile_kernel(name, config, arch=arch, keep_sass=True)
@@ -70,6 +98,8 @@ def _report_one(args) -> dict:
         hgmma=counts.hgmma,
         gmma_run=counts.gmma_run,
         sass_instructions=counts.instructions,
+        sass_digest=sass_digest(sass),
+        config=compiled.config,
     )
 
 
@@ -78,7 +108,12 @@ def _short(config) -> str:
         return "-"
     if hasattr(config, "decode"):
         return "step: " + _short(config.decode)
-    return " ".join(f"{k}={v}" for k, v in vars(config).items() if not (k == "skip" and not v))
+    shown = []
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if f.default is dataclasses.MISSING or v != f.default:
+            shown.append(f"{f.name}={v}")
+    return " ".join(shown)
 
 
 def compile_report(arch: str = "sm_90a", variants=None, jobs: int = 1) -> list[dict]:
@@ -111,4 +146,4 @@ def violations(rows) -> list[str]:
 def print_report(rows):
     from tabulate import tabulate
 
-    print(tabulate(rows, headers="keys"))
+    print(tabulate([{k: v for k, v in r.items() if k not in ("config", "sass_digest")} for r in rows], headers="keys"))

@@ -118,3 +118,20 @@ def test_decode_shared_storage_over_the_sm90_limit_is_refused_at_trace_time(monk
     cfg = DecodeStepConfig(decode.DecodeConfig(heads=16, s_q=1, page_size=64, causal=False))
     with pytest.raises(ValueError, match="shared storage"):
         jit_cache.compile_kernel("decode_step", cfg, arch="sm_90a")
+
+
+def test_sass_digest_ignores_kernel_names_only():
+    from snapmla_cute.compile_report import sass_digest
+
+    a = ".text.kernel_cutlass_kernel_snapmla_cutekernelsdecodeDecodeKernel_x_0:\n /*0000*/ LDC R1, c[0x0][0x28] ;\n"
+    moved = a.replace("kernelsdecodeDecodeKernel", "kernelsdecodekernelDecodeKernel")
+    assert sass_digest(a) == sass_digest(moved)
+    assert sass_digest(a) != sass_digest(a.replace("R1,", "R2,"))
+
+
+def test_variant_keys_name_the_shape_and_only_non_default_fields():
+    from snapmla_cute.compile_report import variant_key
+    from snapmla_cute.kernels.decode import DecodeConfig
+
+    assert variant_key("decode", DecodeConfig(128, 1, 64, False)) == "decode [heads=128 s_q=1 page_size=64 causal=False]"
+    assert variant_key("decode", DecodeConfig(16, 4, 16, True, transposer=False)).endswith("causal=True transposer=False]")
