@@ -18,6 +18,16 @@ from __future__ import annotations
 
 from snapmla_cute.layouts.transpose import prmt
 
+# The quad exchange's selectors (the kernel's ``acc_to_fp8_operand`` uses these names): the
+# source lane of each lane's two shuffles (a nibble per lane), and the prmt orders of the two
+# output words for a lane that sent its second register (KEEP) or its first (SWAP).
+QUAD_SRC_A = 0x3021
+QUAD_SRC_B = 0x2130
+ORDER_KEEP = (0x5410, 0x7632)
+ORDER_SWAP = (0x1054, 0x3276)
+# π order: one prmt per output word, inside the lane
+PI_ORDER = (0x5410, 0x7632)
+
 
 def c_layout_labels(t0: int) -> list[int]:
     """Bytes of lane t0 for one 32-column k block after the e4m3 conversion, in C order:
@@ -55,11 +65,10 @@ def permute_quad(words: list[list[int]]) -> list[list[int]]:
     offer_a, offer_b = offers(0), offers(1)
     result = []
     for tid in range(4):
-        va = offer_a[(0x3021 >> (tid * 4)) & 0xF]
-        vb = offer_b[(0x2130 >> (tid * 4)) & 0xF]
+        va = offer_a[(QUAD_SRC_A >> (tid * 4)) & 0xF]
+        vb = offer_b[(QUAD_SRC_B >> (tid * 4)) & 0xF]
         send_b = (0 if tid in (1, 2) else 1) ^ 1
-        order0 = 0x1054 if send_b == 0 else 0x5410
-        order1 = 0x3276 if send_b == 0 else 0x7632
+        order0, order1 = ORDER_SWAP if send_b == 0 else ORDER_KEEP
         result.append([prmt(va, vb, order0), prmt(va, vb, order1)])
     return result
 
@@ -80,13 +89,20 @@ def permuted_labels(t0: int) -> list[int]:
 def pi_packed_labels(t0: int) -> list[int]:
     """Lane t0's 16 bytes for one 32-column k block when Vᵀ is in the token order π
     (``transpose.pi``): after the e4m3 conversion, one ``prmt`` per word inside the thread
-    (0x5410, 0x7632 on register pairs (0, 1), (2, 3)) and no shuffles."""
+    (``pi_pack`` on register pairs (0, 1), (2, 3)) and no shuffles."""
     regs = [_pack(c_layout_labels(t0)[4 * i : 4 * i + 4]) for i in range(4)]
     out = []
     for pair in range(2):
-        v0, v1 = regs[2 * pair], regs[2 * pair + 1]
-        out += _unpack(prmt(v0, v1, 0x5410)) + _unpack(prmt(v0, v1, 0x7632))
+        out += [b for w in pi_pack(regs[2 * pair], regs[2 * pair + 1], prmt) for b in _unpack(w)]
     return out
+
+
+def pi_pack(v0, v1, prmt_fn):
+    """The kernel's packing of one register pair in the order π (``acc_to_fp8_operand``
+    calls this with ``cute.arch.prmt``, the CPU tests with ``transpose.prmt``): words of rows
+    (r, r+8) x columns (2q, 2q+1) of column groups 2g, 2g+1 → row r's four columns, then
+    row r+8's."""
+    return prmt_fn(v0, v1, PI_ORDER[0]), prmt_fn(v0, v1, PI_ORDER[1])
 
 
 def pi_a_layout_labels(t0: int) -> list[int]:

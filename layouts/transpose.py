@@ -105,6 +105,12 @@ def _step_constants():
 SRC_XOR, SRC_ADD, DST_ADD = _step_constants()
 
 
+# prmt selectors of the two stored words (dims 2c, 2c+1) from one ldmatrix register pair:
+# bytes 0/2/4/6 and 1/3/5/7, or those pairs swapped (natural order, lanes with q >= 2)
+SEL_WORDS = (0x6420, 0x7531)
+SEL_WORDS_SWAPPED = (0x2064, 0x3175)
+
+
 def prmt_selectors(lane, pi: bool = False):
     """(sel0, sel1) of ``lane``: sel0 builds the word of dim 2c (2c+1 when c >= 4), sel1 the
     other, each from the two b16 registers of one ldmatrix matrix pair (c = lane / 4).
@@ -112,7 +118,7 @@ def prmt_selectors(lane, pi: bool = False):
     the bytes 0/2 or 2/0 are the pair's); ``pi``: tokens 2q, 2q+1 of each register."""
     q = lane & 3
     c = lane >> 2
-    even, odd = (0x6420, 0x7531) if q < 2 or pi else (0x2064, 0x3175)
+    even, odd = SEL_WORDS if q < 2 or pi else SEL_WORDS_SWAPPED
     return (odd, even) if c >= 4 else (even, odd)
 
 

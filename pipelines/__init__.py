@@ -1,5 +1,9 @@
 """Warp-specialized producer/consumer machinery (importable only as ``snapmla_cute.pipelines``).
 
-Warp roles, register budgets, TMA/mbarrier stages, named barriers and the dual-warpgroup
-schedule of the decode kernel live here; the one-warp-per-row fused kernels need none.
+* ``roles`` — the CTA's warpgroups, their ``setmaxnreg`` budgets and the named barrier ids.
+* ``kv_ring`` — stage and phase of the g-th KV block over the TMA/mbarrier pipeline.
+* ``handshakes`` — the transposer's per-stage mbarriers and the consumer warpgroups'
+  exchange of P slots and softmax states.
+
+The one-warp-per-row fused kernels need none of it.
 """

@@ -41,6 +41,7 @@ ahead — the reverse barrier bounds it):
   of each 8 KiB chunk of the in-place transposition.
 """
 
+import enum
 from dataclasses import dataclass
 
 THREADS_PER_WG = 128
@@ -69,14 +70,15 @@ def layout(transposer: bool) -> Layout:
     return Layout(THREADS, None, 1, CONSUMER_REGS)
 
 
-@dataclass(frozen=True)
-class BarrierIds:
-    wg_sync: tuple = (1, 2)
-    state: tuple = (3, 4)
-    pfree: tuple = (5, 6)
-    pair_sync: int = 7
-    transposer_sync: int = 8
+class Barrier(enum.IntEnum):
+    """Named barrier ids (hardware 1..15; 0 is ``__syncthreads``). ``WG_SYNC``, ``STATE`` and
+    ``PFREE`` are the first of two: add the consumer index or the slot."""
+
+    WG_SYNC = 1  # 1, 2
+    STATE = 3  # 3, 4
+    PFREE = 5  # 5, 6
+    PAIR_SYNC = 7
+    TRANSPOSER_SYNC = 8
 
 
-BARRIERS = BarrierIds()
 PAIR_THREADS = THREADS_PER_WG * NUM_CONSUMER_WGS

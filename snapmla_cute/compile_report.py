@@ -17,7 +17,6 @@ import multiprocessing
 import re
 from concurrent.futures import ProcessPoolExecutor
 
-from snapmla_cute import jit_cache
 from snapmla_cute.sass import kernel_resources, sass_counts
 
 
@@ -41,15 +40,25 @@ def decode_variants(full: bool = True) -> list:
     return out + [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, pi_order=False) for h, s, p, c in QUICK_SHAPES[:2]]
 
 
-def all_variants(full: bool = True) -> list[tuple[str, object]]:
-    out = [(name, None) for name in jit_cache.KERNEL_NAMES]
-    out.append(("decode_scheduler", None))
-    out += [("decode", c) for c in decode_variants(full)]
+def fused_kernels() -> tuple:
+    """The memory-bound kernel modules (one warp per row)."""
+    from snapmla_cute.kernels import append_kv, dequant_kv, quant_q
+
+    return (quant_q, append_kv, dequant_kv)
+
+
+def all_variants(full: bool = True) -> list[tuple]:
+    """(kernel name, its compile entry, config or None for the default) of every variant CI checks."""
+    from snapmla_cute.kernels import decode_scheduler
+    from snapmla_cute.kernels.decode import compile as dc
+    from snapmla_cute.kernels.decode.step import DecodeStepConfig
+
+    out = [(k.NAME, k.compile, None) for k in (*fused_kernels(), decode_scheduler)]
+    out += [(dc.NAME, dc.compile, c) for c in decode_variants(full)]
     # what mla_decode launches: the decode kernel (planning and merging itself), from a
     # quantized or a bf16 query
-    from snapmla_cute.kernels.decode_step import DecodeStepConfig
-
-    out += [(n, DecodeStepConfig(c)) for c in decode_variants(False)[:1] for n in ("decode_step", "decode_step_q")]
+    steps = ((dc.STEP_NAME, dc.compile_step), (dc.STEP_Q_NAME, dc.compile_step_q))
+    out += [(name, fn, DecodeStepConfig(c)) for c in decode_variants(False)[:1] for name, fn in steps]
     return out
 
 
@@ -77,8 +86,11 @@ def write_digests(rows, path: str) -> None:
 
 
 def _report_one(args) -> dict:
-    name, config, arch = args
-    compiled = jit_cache.compile_kernel(name, config, arch=arch, keep_sass=True)
+    name, compile_fn, config, arch = args
+    if config is None:
+        compiled = compile_fn(arch=arch, keep_sass=True)
+    else:
+        compiled = compile_fn(config, arch=arch, keep_sass=True)
     art = compiled.artifacts
     sass = str(art.SASS or "")
     counts = sass_counts(sass)
@@ -118,7 +130,7 @@ def _short(config) -> str:
 
 def compile_report(arch: str = "sm_90a", variants=None, jobs: int = 1) -> list[dict]:
     variants = all_variants() if variants is None else variants
-    work = [(name, cfg, arch) for name, cfg in variants]
+    work = [(name, fn, cfg, arch) for name, fn, cfg in variants]
     if jobs > 1:
         # spawn, not fork: a process that already traced a kernel holds DSL locks a forked
         # child would inherit locked

@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import torch
 
-from snapmla_cute import jit_cache
 from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
+from snapmla_cute.kernels import append_kv as _append_kv
+from snapmla_cute.kernels import decode_scheduler as _scheduler
+from snapmla_cute.kernels import dequant_kv as _dequant_kv
+from snapmla_cute.kernels import quant_q as _quant_q
 from snapmla_cute.kv_cache import FP8KVCache
 
 
 _launchers: dict = {}
 
 
-def _launcher(name: str, key: tuple = (), make_config=None):
-    """The compiled TVM-FFI callable of kernel ``name``, looked up once per ``key``;
-    ``make_config`` builds its config on the first call (default config without it)."""
-    fn = _launchers.get((name, key))
+def _launcher(compile_fn, key: tuple = (), make_config=None):
+    """The compiled TVM-FFI callable of a kernel module's ``compile``, looked up once per
+    ``key``; ``make_config`` builds its config on the first call (default config without it)."""
+    fn = _launchers.get((compile_fn, key))
     if fn is None:
-        config = make_config() if make_config is not None else None
-        fn = _launchers[(name, key)] = jit_cache.compile_kernel(name, config).fn
+        compiled = compile_fn(make_config()) if make_config is not None else compile_fn()
+        fn = _launchers[(compile_fn, key)] = compiled.fn
     return fn
 
 
@@ -105,7 +108,7 @@ def quantize_q(
     _check_finite("q", q, check)
     if q.numel():
         rows = q.view(-1, HEAD_DIM)
-        _launcher("quant_q")(
+        _launcher(_quant_q.compile)(
             rows[:, :CONTENT_DIM],
             rows[:, CONTENT_DIM:],
             q_nope.view(torch.uint8).view(-1, CONTENT_DIM),
@@ -138,7 +141,7 @@ def append_kv(
     _check_finite("kv", kv, check)
     _check_slots("slot_mapping", slot_mapping, cache.num_slots, check)
     if kv.shape[0]:
-        _launcher("append_kv")(
+        _launcher(_append_kv.compile)(
             kv[:, :CONTENT_DIM], kv[:, CONTENT_DIM:], slot_mapping, *cache.flat()
         )
 
@@ -167,7 +170,7 @@ def dequantize_kv(
         _check_same_device(out=out, slots=slots)
     _check_slots("slots", slots, cache.num_slots, check)
     if n:
-        _launcher("dequant_kv")(
+        _launcher(_dequant_kv.compile)(
             *cache.flat(), slots, out[:, :CONTENT_DIM], out[:, CONTENT_DIM:]
         )
     return out
@@ -224,7 +227,7 @@ class DecodeMetadata:
         return md
 
     def update(self, cache_seqlens: torch.Tensor) -> None:
-        _launcher("decode_scheduler")(cache_seqlens, self.sched, self.split_offsets)
+        _launcher(_scheduler.compile)(cache_seqlens, self.sched, self.split_offsets)
 
 
 def _num_sms(device) -> int:
@@ -328,14 +331,16 @@ def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: b
     first), registered for the hot path."""
     tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
 
+    from snapmla_cute.kernels.decode import compile as decode_compile
+
     def make():
         from snapmla_cute.kernels.decode import DecodeConfig
-        from snapmla_cute.kernels.decode_step import DecodeStepConfig
+        from snapmla_cute.kernels.decode.step import DecodeStepConfig
 
         return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **DECODE_TUNING))
 
-    name = "decode_step_q" if bf16_q else "decode_step"
-    fn = _launcher(name, (heads, s_q, page_size, causal, tuning), make)
+    step = decode_compile.compile_step_q if bf16_q else decode_compile.compile_step
+    fn = _launcher(step, (heads, s_q, page_size, causal, tuning), make)
     _hot_steps[(heads, s_q, page_size, causal, bf16_q)] = fn
     return fn
 
@@ -506,12 +511,13 @@ def warmup(
     import itertools
 
     from snapmla_cute.kernels.decode import DecodeConfig
-    from snapmla_cute.kernels.decode_step import DecodeStepConfig
+    from snapmla_cute.kernels.decode import compile as decode_compile
+    from snapmla_cute.kernels.decode.step import DecodeStepConfig
 
-    work = [(n, None) for n in (*jit_cache.KERNEL_NAMES, "decode_scheduler")]
+    work = [(k.compile, None) for k in (_quant_q, _append_kv, _dequant_kv, _scheduler)]
     for h, s, p, c in itertools.product(heads, s_q, page_sizes, causal):
         cfg = DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **DECODE_TUNING))
-        work += [("decode_step", cfg), ("decode_step_q", cfg)]  # quantized / bf16 query
+        work += [(decode_compile.compile_step, cfg), (decode_compile.compile_step_q, cfg)]  # quantized / bf16 query
     bar = None
     if progress:
         try:
@@ -520,8 +526,11 @@ def warmup(
             bar = tqdm(total=len(work), desc="snapmla_cute warm-up", unit="kernel")
         except ImportError:
             bar = None
-    for name, cfg in work:
-        jit_cache.compile_kernel(name, cfg, arch=arch)
+    for compile_fn, cfg in work:
+        if cfg is None:
+            compile_fn(arch=arch)
+        else:
+            compile_fn(cfg, arch=arch)
         if bar is not None:
             bar.update(1)
     if bar is not None:

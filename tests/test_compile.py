@@ -3,7 +3,7 @@
 import pytest
 
 from snapmla_cute import jit_cache
-from snapmla_cute.compile_report import all_variants, compile_report, violations
+from snapmla_cute.compile_report import all_variants, compile_report, fused_kernels, violations
 from snapmla_cute.sass import sass_counts
 
 
@@ -43,7 +43,10 @@ def test_violations_are_detected():
     assert len(bad) == 2 and "QGMMA 0" in bad[0] and "local memory" in bad[1]
 
 
-@pytest.mark.parametrize("name", jit_cache.KERNEL_NAMES)
+FUSED = {k.NAME: k for k in fused_kernels()}
+
+
+@pytest.mark.parametrize("name", FUSED)
 def test_kernel_compiles_for_sm90a_with_sass(by_kernel, name):
     row = by_kernel[name]
     assert row["sass_instructions"] > 50
@@ -51,9 +54,9 @@ def test_kernel_compiles_for_sm90a_with_sass(by_kernel, name):
     assert row["frame_bytes"] == 0 and row["local_ld"] == 0 and row["local_st"] == 0
 
 
-@pytest.mark.parametrize("name", jit_cache.KERNEL_NAMES)
+@pytest.mark.parametrize("name", FUSED)
 def test_memory_bound_kernels_use_16_byte_accesses(name):
-    art = jit_cache.compile_kernel(name, arch="sm_90a", keep_sass=True).artifacts
+    art = FUSED[name].compile(arch="sm_90a", keep_sass=True).artifacts
     sass = str(art.SASS)
     assert "LDG.E.128" in sass or "LDG.E.64" in sass
     assert "STG.E.128" in sass
@@ -65,8 +68,8 @@ def test_memory_bound_kernels_use_16_byte_accesses(name):
 
 
 def test_compile_cache_reuses_objects():
-    a = jit_cache.compile_kernel("quant_q", arch="sm_90a")
-    b = jit_cache.compile_kernel("quant_q", arch="sm_90a")
+    a = FUSED["quant_q"].compile(arch="sm_90a")
+    b = FUSED["quant_q"].compile(arch="sm_90a")
     assert a is b
 
 
@@ -84,7 +87,7 @@ def test_sass_counter_reads_mma_and_local_memory():
 
 def test_sass_counter_sees_serialized_warpgroup_mmas():
     """ptxas serializes the GMMAs (C7511) when the wgmma pipeline lacks registers: each one
-    then waits for the previous (the fifth session's default did, unnoticed, at 2x the
+    then waits for the previous (an earlier default did, unnoticed, at 2x the
     softmax time); CI rejects decode variants in that state."""
     chained = """
         /*0100*/                   QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR16], RZ, !UPT ;
@@ -109,15 +112,17 @@ def test_sass_counter_sees_serialized_warpgroup_mmas():
 def test_decode_shared_storage_over_the_sm90_limit_is_refused_at_trace_time(monkeypatch):
     """A CTA over 227 KB of shared memory compiles but fails at launch (seen once: the
     epilogue buffer took it 1 KB over); the kernel refuses it while tracing instead."""
-    import snapmla_cute.kernels.decode as decode
-    from snapmla_cute.kernels.decode_step import DecodeStepConfig
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.kernels.decode import compile as dc
+    from snapmla_cute.kernels.decode import kernel
+    from snapmla_cute.kernels.decode.step import DecodeStepConfig
 
-    monkeypatch.setattr(decode, "SM90_SMEM_BYTES", 64 * 1024)
+    monkeypatch.setattr(kernel, "SM90_SMEM_BYTES", 64 * 1024)
     monkeypatch.setenv("SNAPMLA_DISABLE_DISK_CACHE", "1")
     monkeypatch.setattr(jit_cache, "_memory_cache", {})
-    cfg = DecodeStepConfig(decode.DecodeConfig(heads=16, s_q=1, page_size=64, causal=False))
+    cfg = DecodeStepConfig(DecodeConfig(heads=16, s_q=1, page_size=64, causal=False))
     with pytest.raises(ValueError, match="shared storage"):
-        jit_cache.compile_kernel("decode_step", cfg, arch="sm_90a")
+        dc.compile_step(cfg, arch="sm_90a")
 
 
 def test_sass_digest_ignores_kernel_names_only():

@@ -121,6 +121,22 @@ def test_waiting_for_the_other_warpgroups_blocks(seed):
         ops.DECODE_TUNING.clear()
 
 
+def test_other_pipeline_depths(seed):
+    """``DecodeConfig.kv_stages=3, pv_temps=1, qk_early=False``: a shallower KV ring, one PV
+    temporary (each GEMM waits for the previous add), and QK of a block issued when its
+    owner reaches it (the defaults, 4 / 2 / early, are what every other test runs)."""
+    import snapmla_cute.ops as ops
+
+    rng = random.Random(seed)
+    lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
+    ops.DECODE_TUNING.update(kv_stages=3, pv_temps=1, qk_early=False)
+    try:
+        _run_and_check(len(lens), 1, 128, 64, lens, False, seed=seed)
+        _run_and_check(len(lens), 3, 32, 32, lens, True, seed=seed)
+    finally:
+        ops.DECODE_TUNING.clear()
+
+
 @pytest.mark.parametrize("s_q, causal", [(1, False), (2, True)])
 def test_paper_style_data(seed, s_q, causal):
     _run_and_check(2, s_q, 64, 64, [4000, 1500], causal, dist="paper", seed=seed)
@@ -213,7 +229,7 @@ def test_device_scheduler_matches_reference(parts):
         lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 70000)]) for _ in range(rng.randint(1, 600))]
         sched = torch.full((parts, 8), -7, dtype=torch.int32, device="cuda")
         offsets = torch.full((len(lens) + 1,), -7, dtype=torch.int32, device="cuda")
-        ops._launcher("decode_scheduler")(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets)
+        ops._launcher(ops._scheduler.compile)(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets)
         want_sched, want_offsets = schedule_reference(lens, parts)
         assert sched.cpu().tolist() == want_sched, lens
         assert offsets.cpu().tolist() == want_offsets, lens
@@ -255,7 +271,7 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
 @pytest.mark.parametrize("batch", [32, 33])
 def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
     """Batches of at most 32 requests plan with one warp's shuffle scans, larger ones with
-    the CTA-wide scans (``DecodeConfig.warp_plan``): both sides of the limit give the
+    the CTA-wide scans (``plan.Planner.plan``): both sides of the limit give the
     reference plan, split requests included, and the emulation's output."""
     from snapmla_cute.kernels.decode_scheduler import schedule_reference
 

@@ -111,7 +111,7 @@ def test_compiled_step_matches_eager(seed):
 
 def test_back_to_back_decodes_in_one_graph(seed):
     """Decode calls back to back in one stream share a metadata (split counters, partial
-    buffers), and with programmatic dependent launch (``DecodeConfig.pdl``) the next may be
+    buffers), and with programmatic dependent launch (always on) the next may be
     scheduled while the previous one still merges: each call must still read only its own
     inputs and leave the counters at zero. Six calls captured in one graph, each with its
     own (pre-quantized: the graph holds decode kernels only) query and outputs, split

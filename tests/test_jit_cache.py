@@ -8,6 +8,7 @@ import warnings
 import pytest
 
 from snapmla_cute import jit_cache
+from snapmla_cute.kernels import append_kv, dequant_kv, quant_q
 
 
 @pytest.fixture
@@ -29,8 +30,8 @@ def test_keys_depend_on_config_and_arch_not_on_values(fresh):
 
 
 def test_disk_entry_written_then_loaded_without_compiling(fresh):
-    k = jit_cache.compile_kernel("quant_q", arch="sm_90a")
-    assert jit_cache.compile_kernel("quant_q", arch="sm_90a") is k  # memory level
+    k = quant_q.compile(arch="sm_90a")
+    assert quant_q.compile(arch="sm_90a") is k  # memory level
     entries = list(fresh.glob("quant_q-*.o"))
     assert len(entries) == 1
     # a new process finds it on disk: cute.compile must not run
@@ -38,8 +39,8 @@ def test_disk_entry_written_then_loaded_without_compiling(fresh):
         "import cutlass.cute as cute\n"
         "def boom(*a, **k): raise AssertionError('compiled again')\n"
         "cute.compile = boom\n"
-        "from snapmla_cute import jit_cache\n"
-        "k = jit_cache.compile_kernel('quant_q', arch='sm_90a')\n"
+        "from snapmla_cute.kernels import quant_q\n"
+        "k = quant_q.compile(arch='sm_90a')\n"
         "print(type(k.fn).__name__)\n"
     )
     env = dict(os.environ, SNAPMLA_CACHE_DIR=str(fresh), CUTE_DSL_ARCH="sm_90a")
@@ -49,12 +50,12 @@ def test_disk_entry_written_then_loaded_without_compiling(fresh):
 
 
 def test_corrupt_entry_is_rebuilt_with_a_warning(fresh):
-    jit_cache.compile_kernel("dequant_kv", arch="sm_90a")
+    dequant_kv.compile(arch="sm_90a")
     (entry,) = fresh.glob("dequant_kv-*.o")
     entry.write_bytes(b"not an object file")
     jit_cache._memory_cache.clear()
     with pytest.warns(UserWarning, match="could not be loaded"):
-        jit_cache.compile_kernel("dequant_kv", arch="sm_90a")
+        dequant_kv.compile(arch="sm_90a")
     assert entry.read_bytes()[:4] == b"\x7fELF"
 
 
@@ -64,7 +65,7 @@ def test_unwritable_dir_falls_back_to_memory(monkeypatch, tmp_path):
     monkeypatch.setenv("SNAPMLA_CACHE_DIR", str(blocker / "sub"))  # cannot mkdir under a file
     monkeypatch.setattr(jit_cache, "_memory_cache", {})
     with pytest.warns(UserWarning, match="not usable"):
-        k = jit_cache.compile_kernel("append_kv", arch="sm_90a")
+        k = append_kv.compile(arch="sm_90a")
     assert callable(k.fn)
 
 
@@ -74,7 +75,7 @@ def test_disable_switch(monkeypatch, tmp_path):
     monkeypatch.setattr(jit_cache, "_memory_cache", {})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        jit_cache.compile_kernel("quant_q", arch="sm_90a")
+        quant_q.compile(arch="sm_90a")
     assert not list(tmp_path.iterdir())
 
 

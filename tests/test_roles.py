@@ -16,6 +16,7 @@ def test_warpgroup_register_budgets_fit_the_register_file(transposer):
     assert all(b % 8 == 0 and 24 <= b <= 256 for b in budgets)
     assert sum(b * roles.THREADS_PER_WG for b in budgets) <= 65536
     assert lay.first_consumer_wg == len(budgets) - roles.NUM_CONSUMER_WGS
-    ids = [*roles.BARRIERS.wg_sync, *roles.BARRIERS.state, *roles.BARRIERS.pfree,
-           roles.BARRIERS.pair_sync, roles.BARRIERS.transposer_sync]
+    B = roles.Barrier
+    pairs = (B.WG_SYNC, B.STATE, B.PFREE)  # the first of two ids each
+    ids = [b + k for b in pairs for k in range(2)] + [b for b in B if b not in pairs]
     assert len(set(ids)) == len(ids) and all(1 <= i <= 15 for i in ids)  # 0 is __syncthreads

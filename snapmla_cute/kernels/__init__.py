@@ -1,9 +1,11 @@
-"""CuTe DSL kernels, one kernel class per module.
+"""CuTe DSL kernels: each module (or, for the decode, package) holds the kernel class, its
+fake arguments and its ``compile`` entry (``jit_cache`` only caches).
 
 Memory-bound helpers of SnapMLA §3.3.1 (fused Q-quant, K-append, fetch-dequant) live in
 ``quant_q``, ``append_kv`` and ``dequant_kv``; their shared per-row math is in ``rowquant``.
-The decode is ``decode`` (FP8 MLA, warp-specialized; plans its own part of the split-KV
-work and merges split requests in the last split's CTA), ``decode_scheduler`` (the same
-plan as a kernel of its own, for ``decode_metadata``) and ``decode_step`` (the one-launch
-host function ``mla_decode`` calls).
+The decode is the package ``decode`` (FP8 MLA, warp-specialized, one module per role; plans
+its own part of the split-KV work and merges split requests in the same launch; its
+``step`` is the one-launch host function ``mla_decode`` calls). ``decode_scheduler`` is the
+same plan as a kernel of its own, for ``decode_metadata``. ``fake`` builds the fake tensors
+kernels compile against; ``ptx`` wraps the PTX the DSL does not expose.
 """

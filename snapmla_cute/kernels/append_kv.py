@@ -15,7 +15,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from snapmla_cute.kernels import rowquant
+from snapmla_cute import jit_cache
+from snapmla_cute.kernels import fake, rowquant
+
+NAME = "append_kv"
 
 
 @dataclass(frozen=True)
@@ -78,3 +81,13 @@ class AppendKVKernel:
                 )
                 if lane == 0:
                     m_kv_scale[slot] = scale
+
+
+def fake_args(config: AppendKVConfig):
+    n = fake.sym()
+    return (*fake.rows_in(n), fake.tensor(cutlass.Int64, (n,), (1,), 8), *fake.cache_views(fake.sym()), fake.stream())
+
+
+def compile(config: AppendKVConfig = AppendKVConfig(), *, arch: str | None = None, keep_sass: bool = False):
+    """The compiled kernel for ``config`` (cached in memory and on disk: ``jit_cache``)."""
+    return jit_cache.compile_kernel(NAME, config, AppendKVKernel, fake_args, arch=arch, keep_sass=keep_sass)

@@ -31,6 +31,10 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.memory import SmemAllocator
 
+from snapmla_cute import jit_cache
+from snapmla_cute.kernels import fake
+
+NAME = "decode_scheduler"
 SCHED_FIELDS = 8
 
 
@@ -229,6 +233,21 @@ class DecodeSchedulerKernel:
         if end > first_unit:
             n = (end - 1) // width - first_unit // width + 1
         return n
+
+
+def fake_args(config: SchedulerConfig):
+    i32 = cutlass.Int32
+    return (
+        fake.tensor(i32, (fake.sym(),), (1,), 4),
+        fake.tensor(i32, (fake.sym(), SCHED_FIELDS), (SCHED_FIELDS, 1), 16),
+        fake.tensor(i32, (fake.sym(),), (1,), 4),
+        fake.stream(),
+    )
+
+
+def compile(config: SchedulerConfig = SchedulerConfig(), *, arch: str | None = None, keep_sass: bool = False):
+    """The compiled scheduler for ``config`` (cached in memory and on disk: ``jit_cache``)."""
+    return jit_cache.compile_kernel(NAME, config, DecodeSchedulerKernel, fake_args, arch=arch, keep_sass=keep_sass)
 
 
 def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):

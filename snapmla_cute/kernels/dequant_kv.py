@@ -12,7 +12,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Float8E4M3FN
 
-from snapmla_cute.kernels import rowquant
+from snapmla_cute import jit_cache
+from snapmla_cute.kernels import fake, rowquant
+
+NAME = "dequant_kv"
 
 
 @dataclass(frozen=True)
@@ -83,3 +86,13 @@ class DequantizeKVKernel:
             cute.autovec_copy(
                 r_out, cute.local_tile(m_out_rope[row, None], (rowquant.ROPE_PER_LANE,), (lane,))
             )
+
+
+def fake_args(config: DequantKVConfig):
+    n = fake.sym()
+    return (*fake.cache_views(fake.sym()), fake.tensor(cutlass.Int64, (n,), (1,), 8), *fake.rows_in(n), fake.stream())
+
+
+def compile(config: DequantKVConfig = DequantKVConfig(), *, arch: str | None = None, keep_sass: bool = False):
+    """The compiled kernel for ``config`` (cached in memory and on disk: ``jit_cache``)."""
+    return jit_cache.compile_kernel(NAME, config, DequantizeKVKernel, fake_args, arch=arch, keep_sass=keep_sass)

@@ -13,7 +13,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from snapmla_cute.kernels import rowquant
+from snapmla_cute import jit_cache
+from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
+from snapmla_cute.kernels import fake, rowquant
+
+NAME = "quant_q"
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,19 @@ class QuantizeQKernel:
             )
             if lane == 0:
                 m_q_scale[row] = scale
+
+
+def fake_args(config: QuantQConfig):
+    n = fake.sym()
+    return (
+        *fake.rows_in(n),
+        fake.tensor(cutlass.Uint8, (n, CONTENT_DIM), (CONTENT_DIM, 1), 16),
+        fake.tensor(cutlass.BFloat16, (n, ROPE_DIM), (ROPE_DIM, 1), 16),
+        fake.tensor(Float32, (n,), (1,), 4),
+        fake.stream(),
+    )
+
+
+def compile(config: QuantQConfig = QuantQConfig(), *, arch: str | None = None, keep_sass: bool = False):
+    """The compiled kernel for ``config`` (cached in memory and on disk: ``jit_cache``)."""
+    return jit_cache.compile_kernel(NAME, config, QuantizeQKernel, fake_args, arch=arch, keep_sass=keep_sass)

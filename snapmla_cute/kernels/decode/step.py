@@ -21,7 +21,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16
 
 from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
-from snapmla_cute.kernels.decode import DecodeConfig, DecodeKernel
+from snapmla_cute.kernels.decode.config import DecodeConfig
+from snapmla_cute.kernels.decode.kernel import DecodeKernel
 from snapmla_cute.kernels.quant_q import QuantizeQKernel
 
 

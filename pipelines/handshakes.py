@@ -1,0 +1,134 @@
+"""Hand-offs between the decode kernel's warpgroups, beside the KV ring's TMA barriers.
+
+``TransposerHandshake`` — per KV stage, two mbarriers (a waiter may be any number of blocks
+behind): ``k_read`` (the block's owner has waited for its QK, so K may be overwritten; its
+thread 0 first leaves the block's valid token count in shared memory) and ``vt_ready``
+(the transposer's 128 threads, after their stores and a proxy fence: Vᵀ may be read by
+WGMMA). The transposer signals in block order, so Vᵀ of g ready implies g-1's.
+
+``PairExchange`` — the two consumer warpgroups over named barriers (one side arrives, the
+other waits, so neither runs two generations ahead; the reverse barrier bounds it): the
+owner of block k publishes P_k in ``sP[k % 2]`` and its softmax state (m, σ_p, ℓ, γ) in
+slot ``k % 2`` and arrives on ``STATE[k % 2]``; the other WG waits there, reads it, runs its
+PV with that P and arrives on ``PFREE[k % 2]``, which the owner of block k + 2 waits on
+before it overwrites the slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32
+
+from snapmla_cute.pipelines.kv_ring import KVRing
+from snapmla_cute.pipelines.roles import PAIR_THREADS, THREADS_PER_WG, Barrier
+
+
+@dataclass(frozen=True)
+class TransposerHandshake:
+    """The KV stages' ``k_read`` / ``vt_ready`` mbarriers (``qk_mbar``, ``vt_mbar``: one per
+    stage) and the valid-token words ``s_valid`` (one per stage)."""
+
+    ring: KVRing
+    qk_mbar: object
+    vt_mbar: object
+    s_valid: object
+
+    @cute.jit
+    def init(self, tidx):
+        """Thread 0 initializes every stage's pair (128 arrivals each)."""
+        if tidx == 0:
+            for st in cutlass.range_constexpr(self.ring.stages):
+                cute.arch.mbarrier_init(self.qk_mbar + st, THREADS_PER_WG)
+                cute.arch.mbarrier_init(self.vt_mbar + st, THREADS_PER_WG)
+
+    @cute.jit
+    def k_read(self, stage, valid, wg_tidx):
+        """Owner WG: K of ``stage`` is read; ``valid`` tokens of the block are in the sequence."""
+        if wg_tidx == 0:
+            self.s_valid[stage] = valid  # released by the arrive below
+        cute.arch.mbarrier_arrive(self.qk_mbar + stage)
+
+    @cute.jit
+    def wait_k_read(self, stage, g):
+        """Transposer: waits for ``k_read`` of block g (in ``stage``)."""
+        cute.arch.mbarrier_wait(self.qk_mbar + stage, self.ring.state(g).phase)
+
+    def valid_tokens(self, stage):
+        """The count the owner left with ``k_read`` (read after ``wait_k_read``)."""
+        return self.s_valid[stage]
+
+    @cute.jit
+    def vt_ready(self, stage):
+        """Transposer thread: its stmatrix stores of ``stage`` are done; fence them for WGMMA."""
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.mbarrier_arrive(self.vt_mbar + stage)
+
+    @cute.jit
+    def wait_vt(self, g):
+        """Consumer: waits until the transposer has written Vᵀ of block g."""
+        cute.arch.mbarrier_wait(self.vt_mbar + self.ring.stage_of(g), self.ring.state(g).phase)
+
+
+@dataclass(frozen=True)
+class PairExchange:
+    """The consumer WGs' exchange of softmax states through ``s_state`` (Float32
+    ``(64 rows, 4 fields, 2 slots)``, a row's fields one 16-byte access) and of the P slots."""
+
+    s_state: object
+
+    @staticmethod
+    def barrier(first: Barrier, slot):
+        """The two consumer WGs' named barrier ``first + slot``."""
+        return pipeline.NamedBarrier(barrier_id=int(first) + slot, num_threads=PAIR_THREADS)
+
+    @cute.jit
+    def wait_state(self, slot, c_s_mn, regs):
+        """Waits for the other WG's block in ``slot`` and reads its state into ``regs``."""
+        self.barrier(Barrier.STATE, slot).arrive_and_wait()
+        self.read_state(slot, c_s_mn, regs)
+
+    @cute.jit
+    def read_state(self, slot, c_s_mn, regs):
+        """The state published in ``slot`` into ``regs`` = (m, σ_p, ℓ, γ) register tensors,
+        one entry per row of this thread (``c_s_mn``: the accumulator's coordinates). A WG's
+        own slot is its WG index: blocks alternate owners and slots alike."""
+        row_max, sigma_p, row_sum, gamma = regs
+        for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
+            lr = c_s_mn[i, 0][0]
+            st = cute.make_rmem_tensor((4,), Float32)
+            cute.autovec_copy(self.s_state[lr, None, slot], st)
+            row_max[i] = st[0]
+            sigma_p[i] = st[1]
+            row_sum[i] = st[2]
+            gamma[i] = st[3]
+
+    @cute.jit
+    def write_state(self, slot, c_s_mn, regs, wg_tidx):
+        """The owner's state into ``slot`` (one thread of each quad: its rows' values are
+        quad-uniform after the softmax's reductions)."""
+        row_max, sigma_p, row_sum, gamma = regs
+        if wg_tidx % 4 == 0:
+            for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
+                lr = c_s_mn[i, 0][0]
+                st = cute.make_rmem_tensor((4,), Float32)
+                st[0] = row_max[i]
+                st[1] = sigma_p[i]
+                st[2] = row_sum[i]
+                st[3] = gamma[i]
+                cute.autovec_copy(st, self.s_state[lr, None, slot])
+
+    def signal_state(self, slot):
+        """Owner: P and state of ``slot`` are written (after a proxy fence)."""
+        self.barrier(Barrier.STATE, slot).arrive()
+
+    def wait_p_free(self, slot):
+        """Owner of a later block: waits until the other WG's PV has read ``sP[slot]``."""
+        self.barrier(Barrier.PFREE, slot).arrive_and_wait()
+
+    def free_p(self, slot):
+        """The other WG: its PV with ``sP[slot]`` is done."""
+        self.barrier(Barrier.PFREE, slot).arrive()

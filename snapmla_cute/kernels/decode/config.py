@@ -1,0 +1,115 @@
+"""The decode kernel's compile key (``DecodeConfig``) and its fixed constants.
+
+A config's fields are the whole compile key (``jit_cache``); tensor values never are. They
+come in three groups: the shape a call needs, schedule choices with the shipped values as
+defaults (each set somewhere outside the kernel: by a test of the other value, or by the
+profiling scripts), and profiling switches that the library never sets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+
+from snapmla_cute.format import CONTENT_DIM, FP8_MAX
+from snapmla_cute.layouts import smem as L
+from snapmla_cute.pipelines import roles
+
+FP8 = cutlass.Float8E4M3FN
+LN2 = math.log(2.0)
+OOB_PAGE = 1 << 30  # TMA zero-fills coordinates past the cache
+SM90_SMEM_BYTES = 232448  # dynamic shared memory a CTA may use (227 KB)
+# Each consumer WG runs its 256 output dims as PV_SPLITS GEMMs of N = 64, each into a zeroed
+# temporary that is then added to O in fp32 (o = γ·o + P·V): FP8 WGMMA accumulates with a
+# narrower adder than fp32, and adding every block into one long-lived accumulator loses
+# about 2^-13 of |O| per block. N = 64 also gives S and the temporaries one WGMMA shape; with
+# N = 128 ptxas serialized every warpgroup MMA (C7511) in some variants.
+PV_SPLITS = 4
+PV_N = CONTENT_DIM // roles.NUM_CONSUMER_WGS // PV_SPLITS
+# the part's plan in shared memory (``plan.PartWork``): begin req, begin blk, end req, end
+# blk, begin split, (first split row, splits) of the begin and of the end request, then the
+# merge helper's assignment (helpers, request, first split row, merger index, splits, mergers)
+PLAN_WORDS = 16
+# A split waits at most this long (ns, %globaltimer) for the other splits' partials, then
+# traps (the launch fails with an error): a correct wait lasts at most one part's work.
+MERGE_WAIT_LIMIT_NS = 4_000_000_000
+# The merge's scratch in the (idle) KV stages: final LSEs at 0, the group sums at 1024, the
+# splits' weights at MERGE_W_OFFSET, (64 rows, MERGE_MAX_SPLITS) floats. A request has at
+# most num_parts <= SMs splits.
+MERGE_W_OFFSET = 16384
+MERGE_MAX_SPLITS = 160
+MERGE_BATCH = 16  # partial rows a merging thread loads at once
+# P' below this is treated as 0 (the block's σ_p is kept): against the running max such a
+# block is negligible, and 448/P'max would otherwise overflow (scores > ~100 log2 units
+# below the max made NaN).
+P_TINY = 2.0**-64
+# σ_p = rowmax(P')·fp32(1/448) (a multiply, not a second IEEE division per row; the
+# emulation uses the same constant)
+INV_FP8_MAX = 1.0 / FP8_MAX
+# the epilogue's shared buffer per consumer warp: 8 rows of 128 bytes (``Epilogue.store_tile``)
+EPI_ROWS = 8
+EPI_ROW_BYTES = 128
+EPI_BYTES = EPI_ROWS * EPI_ROW_BYTES
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    # ---- shape
+    heads: int
+    s_q: int
+    page_size: int
+    causal: bool
+    # ---- schedule (the defaults ship; the other values are tested or profiled)
+    kv_stages: int = 4
+    # PV temporaries: with 2 a GEMM is issued before the previous one is added
+    pv_temps: int = 2
+    qk_early: bool = True  # issue QK of block j+2 right after PV(j) instead of when j+2 starts
+    # a fourth warpgroup transposes V (after the owner's QK has read the block), taking the
+    # transposition off the consumers' per-block chain (``roles.layout``); False: each
+    # consumer transposes its own blocks (3 warpgroups, consumers at 240 registers)
+    transposer: bool = True
+    # Vᵀ and P in the token order π of the QK accumulator (``layouts.transpose.pi``): the
+    # transposer's ldmatrix rows are plain tokens and P is packed into e4m3 words inside
+    # each lane (one prmt per word); False: token order, P permuted across each quad with
+    # shuffles (``layouts.p_permute``)
+    pi_order: bool = True
+    # each consumer also waits for the TMA of the other WG's blocks. Not needed: it reads
+    # only their Vᵀ (after the transposer's or the owner's handshake, which follow the
+    # owner's own wait) and their P, and releases such a stage after that
+    other_kv_wait: bool = False
+    # before its PV of blocks j-1 and j a consumer also waits for the transposer's signal of
+    # j-1 (implied by j's: the transposer works and signals in block order)
+    vt_wait_both: bool = False
+    # P published with two stmatrix.x4 per thread and block (the A-fragment words are
+    # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
+    p_stsm: bool = True
+    # ---- profiling (wrong results or extra writes; never set by the library)
+    # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
+    # "softmax", "store" (METHOD.md's "time variants that leave one stage out")
+    skip: tuple = ()
+    # %globaltimer stamps of each CTA's milestones over the last split slab of the fp32
+    # partials (``trace.TRACE_EVENTS``; ``profiles/experiments/trace_small.py``)
+    trace: bool = False
+    # SM clock stamps of each consumer WG's first owned blocks, of the producer's stage
+    # acquisitions and of the transposer, over the second-to-last split slab
+    # (``trace.LOOP_EVENTS``; ``profiles/experiments/trace_loop.py``)
+    trace_loop: bool = False
+
+    @property
+    def pv_n(self) -> int:
+        """N of one PV GEMM: a consumer WG's 256 output dims over ``PV_SPLITS``."""
+        return PV_N
+
+    @property
+    def rows(self) -> int:
+        return self.heads * self.s_q
+
+    @property
+    def m_tiles(self) -> int:
+        return (self.rows + L.M_TILE - 1) // L.M_TILE
+
+    @property
+    def box_rows(self) -> int:
+        return min(L.BLOCK_N, self.page_size)

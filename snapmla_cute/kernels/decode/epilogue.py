@@ -1,0 +1,126 @@
+"""Role: a consumer warpgroup's 256 output dims of a request, normalized, out to global memory.
+
+o/ℓ per row, as bf16 into ``out`` (a request the part holds whole) or as fp32 into its
+split's partial row (a split request, merged later by ``merge``), with the LSE. Each warp
+stages its rows through a 1 KB shared buffer so the stores leave as 16-byte accesses
+covering whole 128-byte lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32
+
+from snapmla_cute.kernels import ptx
+from snapmla_cute.kernels.decode.config import EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, PV_SPLITS
+from snapmla_cute.layouts import mma as M
+from snapmla_cute.layouts import smem as L
+from snapmla_cute.pipelines import roles
+
+
+@dataclass(frozen=True)
+class DecodeOutputs:
+    """Where results go: ``out`` bf16 (R, 512, b) and ``lse`` fp32 (b, h, s_q); a split
+    request's fp32 partials ``o_partial`` (R, 512, splits) and ``lse_partial`` (R, splits);
+    ``counters`` int32 (b, 2·m_tiles): splits counted and mergers done per (request, m-tile)."""
+
+    out: object
+    lse: object
+    o_partial: object
+    lse_partial: object
+    counters: object
+
+
+class Epilogue:
+    """The epilogue of the consumer role; a mixin of ``DecodeKernel``."""
+
+    @cute.jit
+    def epilogue(self, io, pv_mma_rs, acc_o_mn, state, m_tile, req, split_row, n_splits, any_blocks, wg, wg_tidx,
+                 kv_addr):
+        """This WG's 256 output columns, normalized by ℓ: bf16 into ``out`` (an unsplit
+        request) or fp32 into its split's partial row; and the LSE. ``state``: (m, σ_p, ℓ)."""
+        cfg = self.cfg
+        row_max, sigma_p, row_sum = state
+        # this thread's coordinates from a laundered index: derived from the thread index
+        # before the block loop, ptxas kept (and, in causal variants, spilled) them
+        wg_tidx = ptx.launder(wg_tidx, req)
+        pv_n = cfg.pv_n
+        c_o = pv_mma_rs.get_slice(wg_tidx).partition_C(cute.make_identity_tensor((L.M_TILE, pv_n)))
+        c_o_mn = cute.make_tensor(c_o.iterator, M.acc_mn_layout(pv_mma_rs, c_o.layout))
+        rows_per_thr = cute.size(c_o_mn, mode=[0])
+        inv = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        for i in cutlass.range_constexpr(rows_per_thr):
+            row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
+            ell = row_sum[i]
+            if not any_blocks:
+                ell = 0.0
+            inv[i] = Float32(0.0)
+            lse = -Float32.inf
+            if ell > 0.0:
+                inv[i] = Float32(1.0) / ell
+                lse = (row_max[i] + cute.math.log2(sigma_p[i] * ell, fastmath=False)) * Float32(LN2)
+            # a split's LSE is written by both WGs (the same value); the CTA counts its
+            # split only after both WGs' writes (finish_split)
+            if row < cfg.rows and wg_tidx % 4 == 0:
+                if n_splits == 1:
+                    if wg == 0:
+                        io.lse[req, row % cfg.heads, row // cfg.heads] = lse
+                else:
+                    io.lse_partial[row, split_row] = lse
+        warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
+        buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES  # storage.epi (checked at launch)
+        if n_splits == 1:
+            self.store_tile(acc_o_mn, c_o_mn, inv, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf)
+        else:
+            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
+
+    @cute.jit
+    def store_tile(self, acc_o_mn, c_o_mn, inv, m_dst, idx, dtype: cutlass.Constexpr, m_tile, wg, wg_tidx, buf):
+        """o·inv (per row) as ``dtype`` into ``m_dst[row, wg's columns, idx]`` through a
+        1 KB shared buffer per warp (8 rows x 128 bytes): a warp's accumulator holds 16
+        rows, 8 per pass (lane // 4, plus 8 in the second). Pairs of columns go to shared
+        memory (16-byte units XOR-swizzled by row: no bank conflicts either way) and leave
+        as 16-byte stores covering whole 128-byte lines. Stored straight from the
+        accumulator, a warp's store touches 8 rows' lines for 8 (4) bytes a lane, and the
+        per-line cost of the store path made the tile's writes the tail of a short split."""
+        cfg = self.cfg
+        pv_n = cfg.pv_n
+        ebytes = dtype.width // 8
+        chunk_cols = EPI_ROW_BYTES // ebytes  # columns per pass
+        per_unit = 16 // ebytes
+        units = EPI_ROW_BYTES // 16
+        vals = chunk_cols // 4  # this thread's accumulator values per row per pass
+        lane = wg_tidx % 32
+        s_buf = cute.make_tensor(
+            cute.make_ptr(dtype, buf, cute.AddressSpace.smem, assumed_align=16),
+            cute.make_layout((EPI_ROWS, chunk_cols), stride=(chunk_cols, 1)),
+        )
+        for h in cutlass.range_constexpr(PV_SPLITS):
+            for ch in cutlass.range_constexpr(pv_n // chunk_cols):
+                col0 = (wg * PV_SPLITS + h) * pv_n + ch * chunk_cols
+                for i in cutlass.range_constexpr(cute.size(c_o_mn, mode=[0])):
+                    for j in cutlass.range_constexpr(ch * vals, (ch + 1) * vals, 2):
+                        lr = c_o_mn[i, j][0] % EPI_ROWS
+                        lc = c_o_mn[i, j][1] - ch * chunk_cols
+                        sc = ((lc // per_unit) ^ lr) * per_unit + lc % per_unit
+                        pair = cute.make_rmem_tensor((2,), dtype)
+                        pair[0] = (acc_o_mn[h][i, j] * inv[i]).to(dtype)
+                        pair[1] = (acc_o_mn[h][i, j + 1] * inv[i]).to(dtype)
+                        cute.autovec_copy(pair, cute.local_tile(s_buf[lr, None], (2,), (sc // 2,)))
+                    cute.arch.sync_warp()
+                    # the first row of this pass: the warp's 16-row slab, then 8 more
+                    row0 = m_tile * L.M_TILE + c_o_mn[i, 0][0] - lane // 4
+                    for k in cutlass.range_constexpr(EPI_ROWS * units // 32):
+                        item = lane + 32 * k
+                        lr = item // units
+                        u = item % units
+                        v = cute.make_rmem_tensor((per_unit,), dtype)
+                        cute.autovec_copy(cute.local_tile(s_buf[lr, None], (per_unit,), (u ^ lr,)), v)
+                        if row0 + lr < cfg.rows and not cutlass.const_expr("store" in cfg.skip):
+                            cute.autovec_copy(
+                                v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
+                            )
+                    cute.arch.sync_warp()

@@ -1,0 +1,258 @@
+"""The decode kernel class: compile-time choices, the launch, and the wiring of the roles.
+
+One CTA computes one 64-row query tile (rows = s_q·h packed, row r = i·h + head) over the KV
+blocks of its split-KV part, with four warpgroups (``pipelines.roles``): the producer
+(``producer``), the transposer (``transposer``) and two consumers (``consumer``, with
+``softmax``, ``epilogue`` and ``merge``); every thread first plans its part (``plan``).
+The launch is cooperative (the in-kernel merge waits for other CTAs) and
+programmatic-dependent: each CTA waits for the previous grid's writes before its first
+global access, after its launch and prologue.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+
+from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
+from snapmla_cute.kernels import ptx
+from snapmla_cute.kernels.decode.config import FP8, SM90_SMEM_BYTES, DecodeConfig
+from snapmla_cute.kernels.decode.consumer import Consumer, DecodeMmas
+from snapmla_cute.kernels.decode.epilogue import DecodeOutputs, Epilogue
+from snapmla_cute.kernels.decode.merge import Merger
+from snapmla_cute.kernels.decode.plan import PartWork, Planner
+from snapmla_cute.kernels.decode.producer import Producer, TmaLoads
+from snapmla_cute.kernels.decode.storage import SmemTensors, shared_storage
+from snapmla_cute.kernels.decode.trace import Tracer
+from snapmla_cute.kernels.decode.transposer import Transposer
+from snapmla_cute.kernels.decode_scheduler import DecodeSchedulerKernel
+from snapmla_cute.layouts import smem as L
+from snapmla_cute.pipelines import roles
+from snapmla_cute.pipelines.handshakes import PairExchange, TransposerHandshake
+from snapmla_cute.pipelines.kv_ring import KVRing
+
+
+class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
+    def __init__(self, cfg: DecodeConfig):
+        self.cfg = cfg
+        self.roles = roles.layout(cfg.transposer)
+        self.threads = self.roles.threads
+        self.planner = DecodeSchedulerKernel()
+        self.n_sub = L.BLOCK_N // cfg.box_rows
+        self.scale_stride = max(cfg.box_rows, 32)  # floats between boxes of scales
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        m_q_nope: cute.Tensor,  # uint8 (R, 512, b)
+        m_q_rope: cute.Tensor,  # bf16 (R, 64, b)
+        m_q_scale: cute.Tensor,  # fp32 (R, b)
+        m_kv_content: cute.Tensor,  # uint8 (page_size, 512, P)
+        m_kv_rope: cute.Tensor,  # bf16 (page_size, 64, P)
+        m_kv_scale: cute.Tensor,  # fp32 (page_size, P)
+        m_block_table: cute.Tensor,  # int32 (b, max_pages)
+        m_seqlens: cute.Tensor,  # int32 (b,)
+        m_sched: cute.Tensor,  # int32 (parts, 8)
+        m_split_offsets: cute.Tensor,  # int32 (b + 1,)
+        m_out: cute.Tensor,  # bf16 (R, 512, b)
+        m_lse: cute.Tensor,  # fp32 (b, h, s_q)
+        m_o_partial: cute.Tensor,  # fp32 (R, 512, splits)
+        m_lse_partial: cute.Tensor,  # fp32 (R, splits)
+        m_counters: cute.Tensor,  # int32 (b, 2 * m_tiles), zero between calls
+        scale_log2: Float32,
+        stream,
+    ):
+        cfg = self.cfg
+        m_q_nope = cute.make_tensor(cute.recast_ptr(m_q_nope.iterator, dtype=FP8), m_q_nope.layout)
+        m_kv_content = cute.make_tensor(cute.recast_ptr(m_kv_content.iterator, dtype=FP8), m_kv_content.layout)
+        K = OperandMajorMode.K
+        qk_mma = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
+        qk_rope_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
+        pv_n = cfg.pv_n
+        pv_mma_rs = sm90_utils.make_trivial_tiled_mma(
+            FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n), warpgroup.OperandSource.RMEM
+        )
+        pv_mma_ss = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n))
+        # the first k-step of a chain runs with scale-d = 0 (zeroing the accumulator in
+        # registers instead makes ptxas spill); one MMA object per accumulate mode, set once
+        qk_mma0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
+        pv_mma0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n))
+        pv_mma_rs0 = sm90_utils.make_trivial_tiled_mma(
+            FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n), warpgroup.OperandSource.RMEM
+        )
+
+        q_nope_sl = L.q_nope_layout()
+        q_rope_sl = L.q_rope_layout()
+        kv_sl = L.kv_content_layout(cfg.kv_stages)
+        kr_sl = L.kv_rope_layout(cfg.kv_stages)
+        vt_sl = L.vt_layout(cfg.kv_stages)
+        p_sl = L.p_layout(2)
+        br = cfg.box_rows
+
+        tma_q_nope, g_q_nope = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_q_nope, cute.slice_(q_nope_sl, (None, None, 0)), (L.M_TILE, CONTENT_DIM)
+        )
+        tma_q_rope, g_q_rope = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_q_rope, cute.slice_(q_rope_sl, (None, None, 0)), (L.M_TILE, ROPE_DIM)
+        )
+        kv_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kv_sl, (None, None, 0)), (br, CONTENT_DIM)), (None, None, 0, 0))
+        kr_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kr_sl, (None, None, 0)), (br, ROPE_DIM)), (None, None, 0, 0))
+        tma_kv, g_kv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_content, kv_box_sl, (br, CONTENT_DIM))
+        tma_kr, g_kr = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_rope, kr_box_sl, (br, ROPE_DIM))
+        tma_ks, g_ks = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_kv_scale, cute.make_layout((br,)), (br,)
+        )
+        self.q_bytes = L.M_TILE * CONTENT_DIM + L.M_TILE * ROPE_DIM * 2
+        self.kv_bytes = L.BLOCK_N * CONTENT_DIM + L.BLOCK_N * ROPE_DIM * 2 + L.BLOCK_N * 4
+
+        SharedStorage = shared_storage(cfg, self.threads, self.scale_stride, self.n_sub, q_nope_sl, q_rope_sl, kv_sl,
+                                       kr_sl, p_sl)
+        self.shared_storage = SharedStorage
+        self.kv_smem_bytes = cute.cosize(kv_sl)
+        if cutlass.const_expr(SharedStorage.size_in_bytes() > SM90_SMEM_BYTES):  # else the launch fails
+            raise ValueError(f"decode: shared storage {SharedStorage.size_in_bytes()} B, at most {SM90_SMEM_BYTES} B")
+        num_parts = m_sched.shape[0]
+        self.kernel(
+            qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0,
+            tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
+            m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets,
+            m_out, m_lse, m_o_partial, m_lse_partial, m_counters, scale_log2,
+            q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl,
+        ).launch(
+            grid=[cfg.m_tiles, num_parts, 1],
+            block=[self.threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,  # fixes the register pool so ptxas honours setmaxnreg
+            cooperative=True,  # every part resident: split requests are merged in-kernel
+            use_pdl=True,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        qk_rope_mma: cute.TiledMma,
+        pv_mma_rs: cute.TiledMma,
+        pv_mma_ss: cute.TiledMma,
+        qk_mma0: cute.TiledMma,
+        pv_mma0: cute.TiledMma,
+        pv_mma_rs0: cute.TiledMma,
+        tma_q_nope: cute.CopyAtom,
+        g_q_nope: cute.Tensor,
+        tma_q_rope: cute.CopyAtom,
+        g_q_rope: cute.Tensor,
+        tma_kv: cute.CopyAtom,
+        g_kv: cute.Tensor,
+        tma_kr: cute.CopyAtom,
+        g_kr: cute.Tensor,
+        tma_ks: cute.CopyAtom,
+        g_ks: cute.Tensor,
+        m_q_scale: cute.Tensor,
+        m_block_table: cute.Tensor,
+        m_seqlens: cute.Tensor,
+        m_sched: cute.Tensor,
+        m_split_offsets: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_o_partial: cute.Tensor,
+        m_lse_partial: cute.Tensor,
+        m_counters: cute.Tensor,
+        scale_log2: Float32,
+        q_nope_sl: cute.ComposedLayout,
+        q_rope_sl: cute.ComposedLayout,
+        kv_sl: cute.ComposedLayout,
+        kr_sl: cute.ComposedLayout,
+        vt_sl: cute.ComposedLayout,
+        p_sl: cute.ComposedLayout,
+    ):
+        """Wiring only: pipelines, shared-memory views, the plan, then each warpgroup's role."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        m_tile, part, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // roles.THREADS_PER_WG)
+
+        # profiling stamps (DecodeConfig.trace / trace_loop; no code otherwise), read by the roles
+        self.tracer = Tracer(cfg, m_o_partial, m_sched, m_tile, part)
+        # safe this early: a dependent's griddepcontrol.wait still waits for this whole
+        # grid, and it is scheduled only after every CTA of this grid has started
+        cute.arch.griddepcontrol_launch_dependents()
+        if tidx == 0:
+            self.tracer.stamp("start")
+        tma = TmaLoads((tma_q_nope, g_q_nope), (tma_q_rope, g_q_rope), (tma_kv, g_kv), (tma_kr, g_kr), (tma_ks, g_ks))
+        if warp_idx == 0:
+            # the descriptors' first use is on the critical path of a short part
+            for atom in tma.atoms():
+                cpasync.prefetch_descriptor(atom)
+        storage = SmemAllocator().allocate(self.shared_storage)
+        consumer_warps = roles.NUM_CONSUMER_WGS * roles.THREADS_PER_WG // 32
+        q_prod, q_cons = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+            tx_count=self.q_bytes, defer_sync=True,
+        ).make_participants()
+        kv_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=cfg.kv_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+            tx_count=self.kv_bytes, defer_sync=True,
+        )
+        kv_prod, _ = kv_pipe.make_participants()
+        smem = SmemTensors.make(storage, cfg, self.scale_stride, self.n_sub, q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl)
+        ring = KVRing(cfg.kv_stages, kv_pipe)
+        handshake = TransposerHandshake(
+            ring, storage.qk_mbar.data_ptr(), storage.vt_mbar.data_ptr(),
+            storage.vt_valid.get_tensor(cute.make_layout((cfg.kv_stages,))),
+        )
+        if cutlass.const_expr(cfg.transposer):
+            handshake.init(tidx)
+        cute.arch.mbarrier_init_fence()
+        if tidx == 0:
+            # the epilogue derives storage.epi's address from kv's (one register less)
+            if storage.epi.data_ptr().toint() != storage.kv.data_ptr().toint() + self.kv_smem_bytes:
+                ptx.trap()
+        cute.arch.sync_threads()
+        cute.arch.griddepcontrol_wait()  # the previous grid's writes (lengths, KV, Q, counters)
+        # this part's plan, computed here from the lengths (no scheduler launch); the KV
+        # stages are its scratch until the producer starts
+        self.plan(m_seqlens, m_sched, m_split_offsets, storage.kv.data_ptr(), storage.scan.get_tensor(
+            cute.make_layout((self.threads // 32,))), smem.plan, m_tile, part, tidx)
+        if tidx == 0:
+            self.tracer.stamp("planned")
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
+            if warp_idx == 0:
+                work = PartWork.read(smem.plan, m_seqlens)
+                self.load(tma, smem, m_block_table, m_seqlens, q_prod, kv_prod, m_tile, work)
+        else:
+            kv_addr = smem.kv_addr()
+            mmas = DecodeMmas(qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0)
+            io = DecodeOutputs(m_out, m_lse, m_o_partial, m_lse_partial, m_counters)
+            exchange = PairExchange(smem.state)
+            consumer_args = (
+                mmas, smem, io, ring, handshake, exchange, q_cons, m_q_scale, m_seqlens, scale_log2, m_tile, wg_idx,
+                kv_addr,
+            )
+            if cutlass.const_expr(cfg.transposer):
+                # the consumers' branch comes last: ptxas spilled them at 224 registers when
+                # the transposer's 40-register branch followed it
+                if wg_idx == self.roles.transposer_wg:
+                    cute.arch.setmaxregister_decrease(roles.TRANSPOSER_REGS)
+                    kv_addr_t = smem.kv_addr()
+                    wg_tidx = tidx % roles.THREADS_PER_WG
+                    work = PartWork.read(smem.plan, m_seqlens)
+                    self.transpose_blocks(work, kv_addr_t, handshake, wg_tidx)
+                else:
+                    self.consumer_role(*consumer_args)
+            else:
+                self.consumer_role(*consumer_args)

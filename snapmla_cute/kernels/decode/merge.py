@@ -1,0 +1,178 @@
+"""Role: the split-KV merge, inside the decode launch (no combine kernel).
+
+The launch is cooperative, so every part's CTA is resident and a CTA may wait for others.
+Each split of a request counts itself (``counters``) once its partial result is written.
+Splits 0..n-2 process their request last in their part; they, and the idle parts the plan
+sends to help, wait for the count and merge a share of its rows each: lse = max + log Σ
+exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s. The last split processes the request first
+in its part and goes on. The last merger resets the counters for the next call.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import BFloat16, Float32, Int32
+
+from snapmla_cute.format import CONTENT_DIM
+from snapmla_cute.kernels import ptx
+from snapmla_cute.kernels.decode.config import MERGE_BATCH, MERGE_MAX_SPLITS, MERGE_W_OFFSET, MERGE_WAIT_LIMIT_NS
+from snapmla_cute.layouts import smem as L
+from snapmla_cute.pipelines import roles
+
+
+class Merger:
+    """The merge step of the consumer role; a mixin of ``DecodeKernel``."""
+
+    @cute.jit
+    def merger_count(self, n_splits, helpers, req, batch):
+        """Mergers of a split request: its splits 0..n-2, plus the idle parts k < ``helpers``
+        with k mod b = req (the plan's helper assignment)."""
+        n = n_splits - 1
+        if helpers > req:
+            n += (helpers - 1 - req) // batch + 1
+        return n
+
+    @cute.jit
+    def finish_split(
+        self, io, kv_addr, m_tile, req, first, split, n_splits, n_mergers, ctid, is_split: cutlass.Constexpr,
+    ):
+        """A split's end (``is_split``: count this split, and merge unless it is the last) or
+        an idle part's merge share (``split`` is then its merger index). ``first``: the
+        request's first split row; ``n_mergers`` share the rows; ``ctid``: 0..255 over both
+        consumer WGs."""
+        cfg = self.cfg
+        m_out, m_lse, m_o_partial, m_lse_partial, m_counters = io.out, io.lse, io.o_partial, io.lse_partial, io.counters
+        ctid = ptx.launder(ctid, req)  # its index math is not hoisted into the block loop (spills)
+        pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
+        cnt_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile), m_counters.layout)
+        done_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile + 1), m_counters.layout)
+        # the cooperative-groups grid-sync pattern: one thread fences for the CTA after a
+        # barrier (the fence is cumulative over the writes the barrier ordered before it)
+        if cutlass.const_expr(is_split):
+            pair.arrive_and_wait()
+            if ctid == 0:
+                cute.arch.fence_acq_rel_gpu()  # the pair's partial writes, before the count
+                cute.arch.atomic_add(cnt_ptr, Int32(1), sem="release", scope="gpu")
+        if split < n_splits - 1 or not is_split:
+            if ctid == 0:
+                # bounded: a count that never arrives is a bug; fail the launch, never hang
+                t0 = cute.arch.globaltimer()
+                seen = cute.arch.load(cnt_ptr, Int32, sem="acquire", scope="gpu")
+                while seen < n_splits:
+                    if cute.arch.globaltimer() - t0 > MERGE_WAIT_LIMIT_NS:
+                        ptx.trap()
+                    seen = cute.arch.load(cnt_ptr, Int32, sem="acquire", scope="gpu")
+                cute.arch.fence_acq_rel_gpu()  # every split's writes, after the count
+                self.tracer.stamp("count_seen")
+            pair.arrive_and_wait()
+            n_p = n_mergers
+            r0 = split * L.M_TILE // n_p
+            r1 = (split + 1) * L.M_TILE // n_p
+            r1 = cutlass.min(r1, cfg.rows - m_tile * L.M_TILE)
+            nrows = r1 - r0
+            # the KV stages are idle now (this is the part's last request): scratch
+            s_lse = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16), cute.make_layout((L.M_TILE,)))
+            # 1. final LSE of each row of the share, a warp per row and a lane per split (all
+            # of a row's loads in flight at once); the splits' weights exp(lse_s - lse) go to
+            # shared memory for step 2, so its loads do not wait on an exp
+            s_w = cute.make_tensor(
+                cute.make_ptr(Float32, kv_addr + MERGE_W_OFFSET, cute.AddressSpace.smem, assumed_align=16),
+                cute.make_layout((L.M_TILE, MERGE_MAX_SPLITS), stride=(MERGE_MAX_SPLITS, 1)),
+            )
+            warp = ctid // 32
+            lane = ctid % 32
+            for lr in cutlass.range(warp, nrows, roles.PAIR_THREADS // 32, unroll=1):
+                row = m_tile * L.M_TILE + r0 + lr
+                lse_max = -Float32.inf
+                for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                    v = m_lse_partial[row, first + sp]
+                    s_w[lr, sp] = v
+                    lse_max = cute.arch.fmax(lse_max, v)
+                lse_max = cute.arch.warp_reduction_max(lse_max)
+                total = Float32(0.0)
+                if lse_max != -Float32.inf:
+                    for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                        total += cute.math.exp(s_w[lr, sp] - lse_max)
+                total = cute.arch.warp_reduction_sum(total)
+                lse = -Float32.inf
+                if lse_max != -Float32.inf:
+                    lse = lse_max + cute.math.log(total)
+                for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                    w = Float32(0.0)
+                    if lse != -Float32.inf:
+                        w = cute.math.exp(s_w[lr, sp] - lse)
+                    s_w[lr, sp] = w
+                if lane == 0:
+                    s_lse[lr] = lse
+                    m_lse[req, row % cfg.heads, row // cfg.heads] = lse
+            pair.arrive_and_wait()
+            # 2. out rows: items (row, 8 dims); with few items the splits are shared out too
+            # (G groups, summed through shared memory)
+            n_items = nrows * (CONTENT_DIM // 8)
+            G = Int32(1)
+            if n_items * 2 <= roles.PAIR_THREADS:
+                G = 2
+            if n_items * 4 <= roles.PAIR_THREADS:
+                G = 4
+            if n_items * 8 <= roles.PAIR_THREADS:
+                G = 8
+            per_g = roles.PAIR_THREADS // G
+            g = ctid // per_g
+            s_acc = cute.make_tensor(
+                cute.make_ptr(Float32, kv_addr + 1024, cute.AddressSpace.smem, assumed_align=16),
+                cute.make_layout((8, roles.PAIR_THREADS), stride=(1, 8)),
+            )
+            for it in cutlass.range(ctid % per_g, n_items, per_g, unroll=1):
+                lr = it // (CONTENT_DIM // 8)
+                d = (it % (CONTENT_DIM // 8)) * 8
+                row = m_tile * L.M_TILE + r0 + lr
+                lse = s_lse[lr]
+                acc = cute.make_rmem_tensor((8,), Float32)
+                acc.fill(0.0)
+                if lse != -Float32.inf:
+                    # MERGE_BATCH splits' loads issued together (predicated), then added in
+                    # split order: as a plain loop, ptxas waited for each load in turn
+                    for sp0 in cutlass.range(g, n_splits, G * MERGE_BATCH, unroll=1):
+                        src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
+                        ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
+                        for u in cutlass.range_constexpr(MERGE_BATCH):
+                            sp = sp0 + u * G
+                            src[u].fill(0.0)
+                            ws[u] = 0.0
+                            if sp < n_splits:
+                                ws[u] = s_w[lr, sp]
+                                cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src[u])
+                        for u in cutlass.range_constexpr(MERGE_BATCH):
+                            acc.store(acc.load() + src[u].load() * ws[u])
+                if G == 1:
+                    res = cute.make_rmem_tensor((8,), BFloat16)
+                    res.store(acc.load().to(BFloat16))
+                    cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
+                else:
+                    cute.autovec_copy(acc, s_acc[None, ctid])
+            if G > 1:
+                pair.arrive_and_wait()
+                it = ctid
+                if ctid < n_items:
+                    lr = it // (CONTENT_DIM // 8)
+                    d = (it % (CONTENT_DIM // 8)) * 8
+                    row = m_tile * L.M_TILE + r0 + lr
+                    acc = cute.make_rmem_tensor((8,), Float32)
+                    acc.fill(0.0)
+                    for gg in cutlass.range(G, unroll=1):
+                        src = cute.make_rmem_tensor((8,), Float32)
+                        cute.autovec_copy(s_acc[None, gg * per_g + it], src)
+                        acc.store(acc.load() + src.load())
+                    res = cute.make_rmem_tensor((8,), BFloat16)
+                    res.store(acc.load().to(BFloat16))
+                    cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
+            # the last merger resets the counters for the next call
+            pair.arrive_and_wait()
+            if ctid == 0:
+                self.tracer.stamp("merged")
+                old = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
+                if old == n_p - 1:
+                    m_counters[req, 2 * m_tile] = 0
+                    m_counters[req, 2 * m_tile + 1] = 0

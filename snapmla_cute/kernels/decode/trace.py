@@ -1,0 +1,89 @@
+"""Profiling stamps of the decode kernel (``DecodeConfig.trace`` / ``trace_loop``; never set
+by the library). The stamps overwrite split slabs of the fp32 partials, so a traced call's
+split requests come out wrong; the scripts in ``profiles/experiments`` read them back.
+
+* ``trace``: %globaltimer (low 32 bits) at each CTA's milestones, one row of
+  ``TRACE_WORDS`` per CTA over the last slab (consumer milestones at ``16·wg + event``).
+* ``trace_loop``: SM clock of each consumer WG's first ``LOOP_ITERS`` owned blocks
+  (``LOOP_EVENTS``), then per block g < ``LOOP_BLOCKS`` the producer's acquire (KV stage
+  free), the transposer's start (K read) and end (Vᵀ written), over the second-to-last slab.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from snapmla_cute.format import CONTENT_DIM
+
+TRACE_EVENTS = dict(
+    start=0, planned=1, q_issued=2, kv_issued=3, q_arrived=4, qk_done=5, softmax_done=6, pv_done=7,
+    epilogue_done=8, count_seen=9, merged=10, exit=11, lengths_read=12, splits_counted=13,
+    part_planned=14, smid=15,
+)
+TRACE_WORDS = 32
+LOOP_EVENTS = dict(
+    top=0, qk_waited=1, state_waited=2, sm_max=3, sm_exp=4, softmax_done=5, p_published=6, vt_waited=7, pv_done=8,
+    kv_waited=9, qk_issued=10,
+)
+LOOP_ITERS = 16
+LOOP_BLOCKS = 32
+LOOP_PROD = 2 * LOOP_ITERS * len(LOOP_EVENTS)
+LOOP_WORDS = LOOP_PROD + 3 * LOOP_BLOCKS
+
+
+class Tracer:
+    """One CTA's stamp rows; every method is a no-op (no code) unless its switch is on."""
+
+    def __init__(self, cfg, m_o_partial, m_sched, m_tile, part):
+        self.cfg = cfg
+        self.rows = self._rows(m_o_partial, m_sched, 1, TRACE_WORDS) if cfg.trace else None
+        self.loop_rows = self._rows(m_o_partial, m_sched, 2, LOOP_WORDS) if cfg.trace_loop else None
+        self.cta = part * cfg.m_tiles + m_tile if cfg.trace or cfg.trace_loop else None
+
+    def _rows(self, m_o_partial, m_sched, slab_from_end: int, words: int):
+        """Int32 (CTAs, words) over split slab ``-slab_from_end`` of the fp32 partials."""
+        slab = (m_o_partial.shape[2] - slab_from_end) * self.cfg.rows * CONTENT_DIM
+        return cute.make_tensor(
+            cute.recast_ptr(m_o_partial.iterator + slab, dtype=Int32),
+            cute.make_layout((self.cfg.m_tiles * m_sched.shape[0], words), stride=(words, 1)),
+        )
+
+    @cute.jit
+    def stamp(self, event: cutlass.Constexpr, wg=0):
+        """``trace``: this CTA's %globaltimer (low 32 bits) at ``event``."""
+        if cutlass.const_expr(self.cfg.trace):
+            t = Int32(cute.arch.globaltimer())
+            if cutlass.const_expr(event == "start"):
+                self.rows[self.cta, TRACE_EVENTS["smid"]] = Int32(cute.arch.smid())
+            self.rows[self.cta, TRACE_EVENTS[event] + 16 * wg] = t
+
+    @cute.jit
+    def loop_stamp(self, word):
+        """``trace_loop``: this SM's clock at ``word`` of the CTA's loop row (the caller
+        guards: one thread, within the traced window)."""
+        if cutlass.const_expr(self.cfg.trace_loop):
+            self.loop_rows[self.cta, word] = Int32(cute.arch.clock())
+
+    @cute.jit
+    def block_event(self, event: cutlass.Constexpr, wg, r, j, wg_tidx):
+        """A consumer WG's loop event for its owned block j of the part's first request."""
+        if cutlass.const_expr(self.cfg.trace_loop):
+            it = j // 2
+            if r == 0 and it < LOOP_ITERS and wg_tidx == 0:
+                self.loop_stamp((wg * LOOP_ITERS + it) * len(LOOP_EVENTS) + LOOP_EVENTS[event])
+
+    @cute.jit
+    def producer_acquired(self, r, i, lane):
+        """``trace_loop``: the producer acquired the stage of the request's i-th block."""
+        if cutlass.const_expr(self.cfg.trace_loop):
+            if r == 0 and i < LOOP_BLOCKS and lane == 0:
+                self.loop_stamp(LOOP_PROD + i)
+
+    @cute.jit
+    def transposer_event(self, g, end: cutlass.Constexpr, wg_tidx):
+        """``trace_loop``: the transposer's start (K read) or end (Vᵀ written) of block g."""
+        if cutlass.const_expr(self.cfg.trace_loop):
+            if g < LOOP_BLOCKS and wg_tidx == 0:
+                self.loop_stamp(LOOP_PROD + (2 if end else 1) * LOOP_BLOCKS + g)
