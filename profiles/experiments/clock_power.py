@@ -48,7 +48,7 @@ def run_for(step, seconds):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="s1")
-    ap.add_argument("--variants", default='{"default": {}, "own PV from smem": {"pv_own_rs": false}}')
+    ap.add_argument("--variants", default='{"default": {}, "one PV temporary": {"pv_temps": 1}}')
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()

@@ -1,5 +1,8 @@
-"""GPU: save decode inputs and kernel outputs per QK-promotion variant, to fit the emulation's
-model of the FP8 tensor-core adder on the CPU afterwards.
+"""GPU: save decode inputs and kernel outputs per kernel variant, to fit the emulation's model
+of the FP8 tensor-core adder on the CPU afterwards. The adder fit used the QK-promotion
+variants (``qk_promote`` 1/0), removed in abeb379 when QK became one WGMMA chain
+(``git show abeb379^:profiles/experiments/dump_decode.py``); today it dumps the shipped kernel
+and any ``DECODE_TUNING`` overrides listed in VARIANTS.
 
     python3 profiles/experiments/dump_decode.py $OUT/decode_dump.pt
 """
@@ -22,7 +25,7 @@ CASES = [  # b, s_q, h, page, lens, causal
     (3, 2, 32, 32, [77, 3000, 500], True),
     (1, 4, 16, 16, [1500], True),
 ]
-VARIANTS = [dict(qk_promote=1), dict(qk_promote=0)]
+VARIANTS = [dict()]  # DecodeConfig field overrides, e.g. dict(pi_order=False)
 
 
 def main(path):

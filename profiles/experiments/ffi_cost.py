@@ -1,5 +1,6 @@
 """GPU: host cost of a TVM-FFI call of a CuTe DSL function, by tensor-argument count and
-number of kernel launches, to decide how to cut ``mla_decode``'s host time (issue 5).
+number of kernel launches, to decide how to cut ``mla_decode``'s host time
+(profiles/host_overhead.md).
 
 Empty kernels; every row is the wall time of issuing one call from Python.
 

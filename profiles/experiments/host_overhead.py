@@ -1,4 +1,4 @@
-"""GPU: where the host time of one ``mla_decode`` call goes (issue 5).
+"""GPU: where the host time of one ``mla_decode`` call goes (profiles/host_overhead.md).
 
 Splits one ``mla_decode(check=False)`` call with metadata/out/lse given into the bare
 compiled step call (one TVM-FFI call: argument decoding and three or four launches) and

@@ -2,7 +2,7 @@
 # GPU: which memory unit is the "busiest" of ncu's speed-of-light at s1 (shared-memory banks,
 # the L1/LSU data pipe, L2, DRAM), plus the tensor, XU and LSU pipes and the MIO stalls.
 # Metrics the installed ncu does not know are left out (queried first).
-#   bash profiles/experiments/mem_units.sh [s1|s2]   (the default kernel; results: profiles/NOTES.md)
+#   bash profiles/experiments/mem_units.sh [s1|s2]   (the default kernel; results: profiles/NOTES.md, profiles/shared_memory.md)
 set -euo pipefail
 shape=${1:-s1}
 ncu=$(python3 -c "from snapmla_cute.profiling import ncu_binary; print(ncu_binary() or 'ncu')")

@@ -1,4 +1,4 @@
-"""GPU stress of the in-kernel plan and split merge (the open risk in NOTES.md).
+"""GPU stress of the in-kernel plan and split merge (the open risk in profiles/merge.md).
 
 1. Is the launch really cooperative? A grid larger than the GPU can hold at once must be
    refused by the driver (run in a child process: lengths all 0, so nothing waits).

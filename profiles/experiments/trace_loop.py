@@ -6,7 +6,7 @@ Prints, per shape, the median over CTAs (iterations 4 .. LOOP_ITERS-1, past the 
 fill) of each step of an owned iteration (cycles) and of the iteration's period (two blocks),
 and where the producer and transposer were relative to the consumers.
 
-    python3 profiles/experiments/trace_loop.py [--shapes s1,s2,h64] [--tuning '{"pv_splits": 4}']
+    python3 profiles/experiments/trace_loop.py [--shapes s1,s2,h64] [--tuning '{"kv_stages": 3}']
 """
 
 import argparse
@@ -16,7 +16,7 @@ import torch
 
 import snapmla_cute.ops as ops
 from snapmla_cute.bench import time_us
-from snapmla_cute.kernels.decode import LOOP_BLOCKS, LOOP_EVENTS, LOOP_ITERS, LOOP_PROD, LOOP_WORDS
+from snapmla_cute.kernels.decode.trace import LOOP_BLOCKS, LOOP_EVENTS, LOOP_ITERS, LOOP_PROD, LOOP_WORDS
 from snapmla_cute.profiling import SHAPES, Shape, make_case
 
 ALL = dict(SHAPES, h64=Shape("b32 h64 s_q1 s_k8192", 32, 64, 1, 8192, False))

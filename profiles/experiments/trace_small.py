@@ -15,7 +15,7 @@ import torch
 import snapmla_cute.ops as ops
 from snapmla_cute import decode_metadata
 from snapmla_cute.bench import time_us
-from snapmla_cute.kernels.decode import TRACE_EVENTS, TRACE_WORDS
+from snapmla_cute.kernels.decode.trace import TRACE_EVENTS, TRACE_WORDS
 from snapmla_cute.profiling import Shape, make_case
 
 SHAPES = [Shape("b1 h128 s_k640", 1, 128, 1, 640, False), Shape("b1 h128 s_k4096", 1, 128, 1, 4096, False)]

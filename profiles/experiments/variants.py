@@ -20,7 +20,7 @@ from snapmla_cute.profiling import SHAPES, Shape, make_case
 
 SKELETON = ("qk", "pv", "transpose", "softmax")
 # what the rest of the kernel takes without some of its stages (timing only): the data
-# pipeline with the GEMMs, and without them (NOTES, "Tenth session")
+# pipeline with the GEMMs, and without them (NOTES.md, "The targets against the pipeline's own times")
 BOUNDS = {
     "no_softmax": {"skip": ("softmax",)},
     "gemms_only": {"skip": ("transpose", "softmax")},
@@ -35,7 +35,7 @@ SMALL_SHAPES = [  # with --small
 ]
 DEFAULT_VARIANTS = {
     "default": {},
-    "sigma_k loaded in the softmax": {"ks_early": False},
+    "QK issued when its block starts": {"qk_early": False},
 }
 
 

@@ -2,7 +2,8 @@
 # transposition grew from: a bank-conflict-free FP8 V transposition with ldmatrix.trans ->
 # prmt -> stmatrix, checked bit-exact on an H200 (64x512 tile: 16 LDSM.16.MT88.4 + 64 PRMT +
 # 16 STSM per warp, ~267 ns per tile with two CTAs per SM). The kernel's version, in place
-# chunk by chunk with masking, is in snapmla_cute/kernels/decode.py and layouts/transpose.py.
+# chunk by chunk with masking, is in snapmla_cute/kernels/decode/transposer.py and
+# layouts/transpose.py.
 """
 In-kernel FP8 V -> V^T shared-memory transpose for Hopper (SM90a) in CuTe DSL 4.8.1.
 
