@@ -104,10 +104,15 @@ def _layouts(args):
     for kind in ("content", "vt", "rope", "p"):
         print(smem.render(kind, rows=args.rows, cols=args.cols))
         print()
-    print("P byte permutation (per lane of a quad, one 32-column k block; label = 32*rowpair + col):")
+    # The kernel keeps Vᵀ and P in the token order π: these show where each token lands.
+    for kind in ("vt", "p"):
+        print(smem.render_tokens(kind, rows=args.rows, cols=args.cols))
+        print()
+    print("P bytes per lane of a quad, one 32-column k block (label = 32*rowpair + col):")
     for lane in range(4):
-        print(f"  lane {lane}: C order {p_permute.c_layout_labels(lane)}")
-        print(f"          A order {p_permute.permuted_labels(lane)}")
+        print(f"  lane {lane}: C order           {p_permute.c_layout_labels(lane)}")
+        print(f"          π order (shipped) {p_permute.pi_packed_labels(lane)}")
+        print(f"          natural order     {p_permute.permuted_labels(lane)}")
     if args.png:
         import os
 
@@ -118,7 +123,8 @@ def _layouts(args):
 
         os.makedirs(args.png, exist_ok=True)
         for kind in ("content", "vt", "rope", "p"):
-            ax = smem.plot(kind)
+            # Vᵀ and P by token in the order π (what the kernel ships); the others by byte.
+            ax = smem.plot_tokens(kind) if kind in ("vt", "p") else smem.plot(kind)
             path = os.path.join(args.png, f"{kind}.png")
             ax.figure.savefig(path, dpi=80, bbox_inches="tight")
             plt.close(ax.figure)

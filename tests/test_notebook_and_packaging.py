@@ -20,12 +20,17 @@ def test_layout_notebook_executes(tmp_path):
     assert "transposed in place: ok" in text
 
 
-def test_cli_layouts_writes_pngs(tmp_path):
+def test_cli_layouts_writes_pngs(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from snapmla_cute.cli import main
+    from snapmla_cute.layouts import p_permute
 
     assert main(["layouts", "--png", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["content.png", "p.png", "rope.png", "vt.png"]
+    text = capsys.readouterr().out
+    # The pictures are of what the kernel ships: Vᵀ and P by token in the order π.
+    assert "vt, token order π (kernel default)" in text and "p, token order π (kernel default)" in text
+    assert f"π order (shipped) {p_permute.pi_packed_labels(0)}" in text
 
 
 def _host_path_file():
