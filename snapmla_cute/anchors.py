@@ -1,7 +1,7 @@
-"""Reference figures measured on the lent GPUs (2026-11-21, torch 2.11, triton do_bench medians).
-
-FlashMLA BF16 dense decode (page 64, randn/10 KV, shuffled pages, causal for s_q > 1) and
-device ceilings, per device kind. Timings compare only within one kind.
+"""Reference figures measured on the lent GPUs, per device kind (timings compare only
+within one kind): FlashMLA BF16 dense decode (2026-11-21, torch 2.11, triton do_bench medians;
+page 64, randn/10 KV, shuffled pages, causal for s_q > 1), FlashMLA's Hopper kernels side by
+side (2026-11-23, below) and device ceilings.
 """
 
 FLASHMLA_BF16_US = {
@@ -37,3 +37,38 @@ def flashmla_us(kind: str | None, b: int, h: int, s_q: int, s_k: int, varlen: bo
     if row is None or kind is None:
         return None
     return row[0] if kind == "H100" else row[1]
+
+
+# FlashMLA's Hopper decode kernels (sgl-flash-mla 1.0.0, 2026-11-23, CUDA-graph replay, page 64,
+# KV randn/10 clamped to ±1, causal for s_q > 1): (BF16 dense µs, native dense FP8 µs) per
+# device kind. The dense FP8 kernel (all 576 dims e4m3, per-tensor scales, 576 B/token) is the
+# one vLLM's FlashMLA backend and TensorRT-LLM run on Hopper.
+FLASHMLA_HOPPER_US = {
+    # (b, h, s_q, s_k, varlen): {kind: (bf16 µs, dense fp8 µs)}
+    (128, 128, 1, 4096, False): {"H100": (245.3, 221.8), "H200": (238.7, 225.1)},
+    (128, 128, 1, 8192, False): {"H100": (529.6, 449.5), "H200": (518.8, 446.9)},
+    (128, 128, 1, 32768, False): {"H100": (2027.8, 1680.1), "H200": (2080.9, 1704.2)},
+    (128, 128, 2, 8192, False): {"H100": (975.3, 866.4), "H200": (1013.5, 852.2)},
+    (32, 64, 1, 8192, False): {"H100": (120.9, 77.3), "H200": (89.5, 75.4)},
+    (128, 128, 1, 640, False): {"H100": (53.8, 58.1), "H200": (48.2, 56.1)},
+    (1, 128, 1, 640, False): {"H100": (12.2, 12.1), "H200": (12.1, 11.9)},
+    (128, 128, 1, 8192, True): {"H100": (535.2, 460.4), "H200": (524.2, 457.8)},
+    (128, 128, 1, 2048, False): {"H100": (131.1, 135.1), "H200": (118.9, 134.1)},
+    (64, 64, 1, 2048, False): {"H100": (70.9, 57.2), "H200": (54.8, 48.6)},
+    (128, 64, 1, 16384, False): {"H100": (873.6, 498.9), "H200": (646.4, 482.0)},
+    (16, 16, 1, 65536, False): {"H100": (412.4, 243.8), "H200": (292.3, 239.7)},
+}
+
+
+def peer_us(kind: str | None, b: int, h: int, s_q: int, s_k: int, varlen: bool) -> dict:
+    """FlashMLA's figures for a shape on this device kind: ``bf16`` (the 2026-11-23 run, else
+    the 2026-11-21 one) and ``dense_fp8``; None where not measured."""
+    row = FLASHMLA_HOPPER_US.get((b, h, s_q, s_k, varlen), {}).get(kind)
+    bf16 = row[0] if row else flashmla_us(kind, b, h, s_q, s_k, varlen)
+    return dict(bf16=bf16, dense_fp8=row[1] if row else None)
+
+
+def target_us(peers: dict, floor_us: float) -> float | None:
+    """The decode's target for a shape: the slower of (best peer ÷ 1.3) and (floor ÷ 0.85)."""
+    best = min((v for v in peers.values() if v), default=None)
+    return round(max(best / 1.3, floor_us / 0.85), 1) if best else None
