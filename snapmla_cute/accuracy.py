@@ -1,12 +1,23 @@
-"""Accuracy study (paper §4.3, Table 2): SnapMLA vs Configs A–D against float64 exact attention.
+"""Accuracy study (paper §4.3, Table 2): SnapMLA vs Configs A–D and the FP8 formats Hopper
+users run today, against float64 exact attention, plus an error budget per quantization step.
 
-Runs on the CPU through ``reference.mla_decode_emulated``. Two synthetic distributions:
+Runs on the CPU through ``reference.mla_decode_emulated``. Four data sets (``make_inputs``):
 
 * ``flashmla``: FlashMLA's test data — K = randn/10 clamped to ±1, q = randn.
 * ``paper``: shaped after §3.1.1 / Fig. 3 — content concentrated around zero (std 0.1
   with a log-normal per-token spread, rare sink-like tokens 30x larger, clamped to ±10); RoPE heavy-tailed (Student-t) with six
   outlier channels of magnitude 1e2–1e3 and its own per-token spread; queries weighted so
   content and RoPE terms contribute comparably, scaled to a logit standard deviation of 1.5.
+* ``realistic``: a DeepSeek-style MLA cache (``_realistic_keys``): the latent c_KV is
+  RMS-normalized per token and multiplied by a per-channel gain with outlier channels; the
+  RoPE key is an un-normalized projection with heavy-tailed, channel-dependent magnitudes
+  (largest in the low-frequency pairs) rotated by its position; queries come from other
+  projections, rotated at the decode position, scaled to a logit std of 2 per head.
+* ``stress``: the realistic structure with a wide per-token content scale (log-normal,
+  σ_ln = 2: 10³–10⁴ between the largest and smallest token of a 64-token block) and sink
+  tokens (1 in 64) 30x larger — the case where per-token scales vary most inside a P′ block.
+
+Generated values are bf16 (what a model writes); the exact reference sees the same values.
 """
 
 from __future__ import annotations
@@ -17,7 +28,78 @@ import torch
 
 from snapmla_cute import reference as ref
 
-CONFIG_ORDER = ("snapmla", "A", "B", "C", "D")
+CONFIG_ORDER = ("snapmla", "A", "B", "C", "D", "flashmla_fp8", "v32")
+DISTS = ("flashmla", "paper", "realistic", "stress")
+
+
+def _student_t(shape, dof: int, gen: torch.Generator) -> torch.Tensor:
+    chi2 = torch.randn(dof, *shape, generator=gen).pow(2).sum(0)
+    return torch.randn(*shape, generator=gen) / (chi2 / dof).sqrt()
+
+
+def _rotate(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """RoPE on the last 64 dims of ``x`` [..., 64] at positions ``pos`` [...] (pairs (2i, 2i+1),
+    θ_i = 10000^(-2i/64), as DeepSeek's rotary embedding before YaRN scaling)."""
+    theta = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    ang = pos.double()[..., None] * theta
+    c, s = ang.cos().float(), ang.sin().float()
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1).flatten(-2)
+
+
+def _realistic_keys(b: int, L: int, gen: torch.Generator, token_spread: float = 0.0, sinks: float = 0.0):
+    """K ``[b, L, 576]``, the per-channel RoPE magnitudes ``[64]`` and content gain ``[512]``.
+
+    * Content: c_KV = RMSNorm(x)·g (DeepSeek-V2/V3's ``kv_a_layernorm`` on the compressed
+      latent): x is Student-t (ν = 5, mildly heavy-tailed activations), every token has unit
+      RMS before the gain; g is log-normal around 0.5 (σ_ln = 0.4) with 1% outlier channels
+      at 8–16x — a shape assumption (learned norm gains are O(1) with a few large channels),
+      not measured weights.
+    * RoPE: k_R = W_KR·h is not normalized; channel magnitudes are log-normal with the four
+      lowest-frequency pairs 10–30x larger (massive values concentrate in low-frequency RoPE
+      dims), Student-t (ν = 4) per element, rotated at the token's position.
+    * ``token_spread`` / ``sinks`` (stress): a log-normal per-token factor on the content with
+      σ_ln = ``token_spread``, and that fraction of tokens 30x larger.
+    """
+    x = _student_t((b, L, 512), 5, gen)
+    x = x / x.pow(2).mean(-1, keepdim=True).sqrt()
+    g = 0.5 * torch.exp(0.4 * torch.randn(512, generator=gen))
+    out_ch = torch.randperm(512, generator=gen)[:5]
+    g[out_ch] *= 8 + 8 * torch.rand(5, generator=gen)
+    content = x * g
+    if token_spread:
+        content = content * torch.exp(token_spread * torch.randn(b, L, 1, generator=gen))
+    if sinks:
+        content = content * torch.where(torch.rand(b, L, 1, generator=gen) < sinks, 30.0, 1.0)
+    ch = torch.exp(0.5 * torch.randn(32, generator=gen)).repeat_interleave(2)
+    ch[-8:] *= 10 + 20 * torch.rand(8, generator=gen)  # the lowest-frequency pairs (θ_i smallest)
+    rope = _rotate(ch * _student_t((b, L, 64), 4, gen) / 2, torch.arange(L).expand(b, L))
+    return torch.cat([content, rope], dim=-1), ch, g
+
+
+def _realistic_queries(k: torch.Tensor, ch: torch.Tensor, s_q: int, h: int, gen: torch.Generator, logit_std: float):
+    """Queries for ``_realistic_keys``: content from another projection (Gaussian with its own
+    log-normal channel gain), RoPE with the keys' channel profile, rotated at the decode
+    positions L - s_q + i; each (request, token, head) scaled so its logits over the request's
+    keys have standard deviation ``logit_std`` (natural units, after the softmax scale)."""
+    b, L, _ = k.shape
+    qc = torch.randn(b, s_q, h, 512, generator=gen) * torch.exp(0.4 * torch.randn(512, generator=gen))
+    qr = ch * torch.randn(b, s_q, h, 64, generator=gen)
+    qr = _rotate(qr, (L - s_q + torch.arange(s_q)).view(1, s_q, 1).expand(b, s_q, h))
+    # content and RoPE terms of comparable size: each normalized by its own logit std first
+    kb = k.to(torch.bfloat16).double()
+
+    def std_of(qpart, kpart):
+        return torch.einsum("bshd,bld->bshl", qpart.double(), kpart).std(-1, keepdim=True)
+
+    qc = qc / std_of(qc, kb[..., :512]).float()
+    qr = qr / std_of(qr, kb[..., 512:]).float()
+    q = torch.cat([qc, qr], dim=-1)
+    # the std, or a quarter of the widest logit's distance from the mean where tokens of very
+    # different magnitude (stress) would otherwise give one key a logit in the hundreds
+    s = torch.einsum("bshd,bld->bshl", q.double(), kb) * ref.default_softmax_scale()
+    spread = torch.maximum(s.std(-1, keepdim=True), (s - s.mean(-1, keepdim=True)).abs().amax(-1, keepdim=True) / 4)
+    return q * (logit_std / spread).float()
 
 
 def make_inputs(dist: str, b: int, s_q: int, h: int, L: int, page_size: int, gen: torch.Generator):
@@ -48,12 +130,54 @@ def make_inputs(dist: str, b: int, s_q: int, h: int, L: int, page_size: int, gen
         q_r = torch.randn(b, s_q, h, 64, generator=gen) / (ch * math.sqrt(64))
         q_r = q_r * 1.5 / ref.default_softmax_scale()
         q = torch.cat([q_c / ref.default_softmax_scale() * 2.0, q_r], dim=-1)
+    elif dist in ("realistic", "stress"):
+        spread, sinks = (2.0, 1 / 64) if dist == "stress" else (0.0, 0.0)
+        kr, ch, _ = _realistic_keys(b, n_pages_per * page_size, gen, spread, sinks)
+        q = _realistic_queries(kr[:, :L], ch, s_q, h, gen, logit_std=2.0)
+        # positions matter here: page block_table[i, j] holds tokens j·ps… of request i
+        block_table = torch.randperm(P, generator=gen).view(b, n_pages_per).int()
+        k_pages = torch.empty(P, page_size, 576, dtype=torch.bfloat16)
+        k_pages[block_table.flatten().long()] = kr.view(P, page_size, 576).to(torch.bfloat16)
+        return q.to(torch.bfloat16), k_pages, block_table, torch.full((b,), L, dtype=torch.int32)
     else:
-        raise ValueError(f"unknown distribution {dist!r}")
+        raise ValueError(f"unknown data set {dist!r}; expected one of {DISTS}")
     k_pages = k.to(torch.bfloat16).view(P, page_size, 576)
     block_table = torch.randperm(P, generator=gen).view(b, n_pages_per).int()
     lens = torch.full((b,), L, dtype=torch.int32)
     return q.to(torch.bfloat16), k_pages, block_table, lens
+
+
+def _steps(name: str, mma: str = "exact", **on) -> tuple[str, ref.QuantConfig, str]:
+    """A budget row: SnapMLA's format with only the steps in ``on`` switched on."""
+    off = dict(q_quant=False, k_quant=False, rope_bf16=False, p="none")
+    return name, ref.QuantConfig(name, "per_token", **{**off, **on}), mma
+
+
+# Each quantization step of SnapMLA alone (the others exact, fp32 GEMMs), then all of them.
+BUDGET = (
+    ("SnapMLA (every step)", ref.SNAPMLA, "hopper"),
+    _steps("K content e4m3 (per token)", k_quant=True),
+    _steps("Q e4m3 (per token, head)", q_quant=True),
+    _steps("RoPE in bf16 (÷ σ)", rope_bf16=True),
+    _steps("P' e4m3 (V-fused, 64-key blocks)", p="e4m3"),
+    _steps("tensor-core adder (QK, PV)", mma="hopper"),
+    # what removing the largest step on MLA-like data would buy: Q kept in fp32, or Q's
+    # content as two e4m3 terms (hi + lo, one scale; a second QK content chain in a kernel)
+    ("SnapMLA with Q unquantized", ref.QuantConfig("SnapMLA, Q fp32", "per_token", q_quant=False), "hopper"),
+    ("SnapMLA with Q as hi + lo e4m3", ref.QuantConfig("SnapMLA, Q hi + lo", "per_token", q_split=True), "hopper"),
+)
+_SINGLE_STEPS = slice(1, 6)
+# SnapMLA with another P quantization (everything else as the kernel).
+P_VARIANTS = (
+    ("SnapMLA", ref.SNAPMLA, "hopper"),
+    ("P' unquantized (fp32)", ref.QuantConfig("P' fp32", "per_token", p="none"), "hopper"),
+    ("P' e4m3, 32-key blocks", ref.QuantConfig("P' 32", "per_token", p_block=32), "hopper"),
+    ("P' e4m3, 16-key blocks", ref.QuantConfig("P' 16", "per_token", p_block=16), "hopper"),
+    ("P' e5m2", ref.QuantConfig("P' e5m2", "per_token", p="e5m2"), "hopper"),
+    ("P' bf16 (BF16 PV)", ref.QuantConfig("P' bf16", "per_token", p="bf16"), "hopper"),
+)
+FORMATS = tuple((ref.CONFIGS[n].name, ref.CONFIGS[n], None) for n in CONFIG_ORDER)
+TABLES = {"formats": FORMATS, "budget": BUDGET, "p": P_VARIANTS}
 
 
 def accuracy_study(
@@ -65,38 +189,42 @@ def accuracy_study(
     page_size: int = 64,
     seeds=(0, 1, 2, 3),
     device: str = "cpu",
+    table: str = "formats",
 ) -> list[dict]:
-    """One row per (distribution, length, config): rel-L2, cos diff and RMSE are means over
-    ``seeds`` (each seed a fresh draw of q and K), the LSE error is the max over them."""
+    """One row per (data set, length, config of ``TABLES[table]``): rel-L2, cos diff and RMSE
+    are means over ``seeds`` (each seed a fresh draw of q and K), the LSE error the max.
+
+    ``table``: "formats" (SnapMLA, Configs A–D, FlashMLA's dense FP8 and V3.2 formats),
+    "budget" (each quantization step alone; the largest is marked ``dominant``) or "p"
+    (P quantization variants of SnapMLA)."""
+    spec = TABLES[table]
     rows = []
     for dist in dists:
         for L in lengths:
-            per_cfg = {name: [] for name in CONFIG_ORDER}
+            per_cfg = {label: [] for label, _, _ in spec}
             for seed in seeds:
                 gen = torch.Generator().manual_seed(1_000_003 * seed + L)
                 q, k_pages, bt, lens = make_inputs(dist, batch, s_q, heads, L, page_size, gen)
                 q, k_pages = q.to(device), k_pages.to(device)
                 out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens)
                 fp8_cache = ref.quantize_kv_cache(k_pages)
-                for name in CONFIG_ORDER:
-                    cache = fp8_cache if name == "snapmla" else k_pages
-                    out, lse = ref.mla_decode_emulated(q, cache, bt, lens, config=name)
-                    per_cfg[name].append(
+                for label, cfg, mma in spec:
+                    # SnapMLA reads the FP8 cache, exactly as the kernel; the others quantize here
+                    cache = fp8_cache if cfg == ref.SNAPMLA else k_pages
+                    out, lse = ref.mla_decode_emulated(q, cache, bt, lens, config=cfg, mma=mma)
+                    per_cfg[label].append(
                         (ref.rel_l2(out, out_x), ref.cos_diff(out, out_x), ref.rmse(out, out_x), ref.lse_max_abs(lse, lse_x))
                     )
-            for name, vals in per_cfg.items():
+            block = []
+            for label, vals in per_cfg.items():
                 mean = [sum(v[i] for v in vals) / len(vals) for i in range(3)]
-                rows.append(
-                    dict(
-                        dist=dist,
-                        L=L,
-                        config=ref.CONFIGS[name].name,
-                        rel_l2=mean[0],
-                        cos_diff=mean[1],
-                        rmse=mean[2],
-                        lse_max_abs=max(v[3] for v in vals),
-                    )
+                block.append(
+                    dict(dist=dist, L=L, config=label, rel_l2=mean[0], cos_diff=mean[1], rmse=mean[2],
+                         lse_max_abs=max(v[3] for v in vals), dominant=False)
                 )
+            if table == "budget":
+                max(block[_SINGLE_STEPS], key=lambda r: r["rel_l2"])["dominant"] = True
+            rows += block
     return rows
 
 
@@ -104,7 +232,8 @@ def print_accuracy(rows, markdown: bool = False):
     from tabulate import tabulate
 
     table = [
-        [r["dist"], r["L"], r["config"], f"{r['rel_l2']:.3e}", f"{r['cos_diff']:.3e}", f"{r['rmse']:.3e}", f"{r['lse_max_abs']:.3e}"]
+        [r["dist"], r["L"], r["config"] + (" ◀ dominant" if r.get("dominant") else ""),
+         f"{r['rel_l2']:.3e}", f"{r['cos_diff']:.3e}", f"{r['rmse']:.3e}", f"{r['lse_max_abs']:.3e}"]
         for r in rows
     ]
     headers = ["data", "L", "config", "rel-L2", "cos diff", "RMSE", "LSE max |Δ|"]

@@ -10,7 +10,8 @@ def _accuracy(args):
     from snapmla_cute.accuracy import accuracy_study, print_accuracy
 
     rows = accuracy_study(
-        lengths=args.lengths, batch=args.batch, heads=args.heads, seeds=args.seeds, device=args.device
+        lengths=args.lengths, dists=args.data, batch=args.batch, heads=args.heads, seeds=args.seeds,
+        device=args.device, table=args.table,
     )
     print_accuracy(rows, markdown=args.markdown)
 
@@ -135,7 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="snapmla-cute", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    a = sub.add_parser("accuracy", help="error vs float64 of SnapMLA and Table-2 Configs A-D (CPU)")
+    a = sub.add_parser("accuracy", help="error vs float64: SnapMLA, Configs A-D, FlashMLA's FP8 formats; error budget (CPU)")
+    a.add_argument("--data", nargs="+", default=["flashmla", "paper"], choices=["flashmla", "paper", "realistic", "stress"],
+                   help="data sets (snapmla_cute.accuracy describes each)")
+    a.add_argument("--table", default="formats", choices=["formats", "budget", "p"],
+                   help="formats: every format; budget: each quantization step alone; p: P quantization variants")
     a.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     a.add_argument("--batch", type=int, default=4)
     a.add_argument("--heads", type=int, default=64)

@@ -21,7 +21,7 @@ def build_case(b, s_q, h, page_size, lens, *, dist="flashmla", seed=0, device="c
         q = torch.randn(b, s_q, h, 576, generator=gen)
     else:
         Lmax = max(max(lens), 1)
-        q, kp, _, _ = make_inputs("paper", b, s_q, h, Lmax, page_size, gen)
+        q, kp, _, _ = make_inputs(dist, b, s_q, h, Lmax, page_size, gen)  # paper / realistic / stress
         k = kp.view(-1, 576).float()
         k = k.repeat((total * page_size + k.shape[0] - 1) // k.shape[0], 1)[: total * page_size]
         q = q.float()
