@@ -89,6 +89,9 @@ class DecodeConfig:
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
     # "softmax", "store" (METHOD.md's "time variants that leave one stage out")
     skip: tuple = ()
+    # the e4m3 content chain of QK issued this many times (timing only: 2 is the tensor and
+    # shared-memory work of a query kept as two e4m3 terms, hi + lo, without its extra tile)
+    qk_content_passes: int = 1
     # %globaltimer stamps of each CTA's milestones over the last split slab of the fp32
     # partials (``trace.TRACE_EVENTS``; ``profiles/experiments/trace_small.py``)
     trace: bool = False

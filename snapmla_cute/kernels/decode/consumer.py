@@ -332,8 +332,10 @@ class Consumer:
         m = tiles.mmas
         warpgroup.fence()
         if cutlass.const_expr("qk" not in self.cfg.skip):
-            for kb in cutlass.range_constexpr(cute.size(tiles.t_q, mode=[2])):
-                cute.gemm(m.qk0 if kb == 0 else m.qk, tiles.acc_s, tiles.t_q[None, None, kb, 0],
+            n_kb = cute.size(tiles.t_q, mode=[2])
+            for i in cutlass.range_constexpr(n_kb * self.cfg.qk_content_passes):
+                kb = i % n_kb
+                cute.gemm(m.qk0 if i == 0 else m.qk, tiles.acc_s, tiles.t_q[None, None, kb, 0],
                           tiles.t_k[None, None, kb, stage], tiles.acc_s)
             for kb in cutlass.range_constexpr(cute.size(tiles.t_qr, mode=[2])):
                 cute.gemm(m.qk_rope, tiles.acc_s, tiles.t_qr[None, None, kb, 0], tiles.t_kr[None, None, kb, stage],
