@@ -54,6 +54,13 @@ def all_variants(full: bool = True) -> list[tuple]:
     from snapmla_cute.kernels.decode.step import DecodeStepConfig
 
     out = [(k.NAME, k.compile, None) for k in (*fused_kernels(), decode_scheduler)]
+    # the calls the fused ops make (the same kernels behind views built at trace time)
+    q, a, d = fused_kernels()
+    out += [
+        (q.CALL_NAME, q.compile_call, q.QuantQCallConfig(1, 128)),
+        (a.CALL_NAME, a.compile_call, a.AppendKVCallConfig(64)),
+        (d.CALL_NAME, d.compile_call, d.DequantKVCallConfig(64)),
+    ]
     out += [(dc.NAME, dc.compile, c) for c in decode_variants(full)]
     # what mla_decode launches: the decode kernel (planning and merging itself), from a
     # quantized or a bf16 query

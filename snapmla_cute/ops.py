@@ -20,6 +20,7 @@ from snapmla_cute.kv_cache import FP8KVCache
 
 
 _launchers: dict = {}
+_hot_quant: dict = {}  # q.shape -> quantize_q's compiled call (shapes already run once)
 
 
 def _launcher(compile_fn, key: tuple = (), make_config=None):
@@ -71,13 +72,55 @@ def _check_finite(name: str, t: torch.Tensor, check: bool):
         raise ValueError(f"{name}: expected finite values, got NaN or Inf")
 
 
-def _check_slots(name: str, slots: torch.Tensor, num_slots: int, check: bool):
-    if check and not _capturing() and slots.numel():
-        lo, hi = int(slots.min()), int(slots.max())
+def _check_values(*, finite=(), slots=()):
+    """The value checks of a fused op with one host sync: ``finite`` (name, tensor) must hold
+    no NaN/Inf, ``slots`` (name, int64 tensor, num_slots) must lie in [0, num_slots) or be -1.
+    Skipped under CUDA-graph capture (the kernels skip a slot outside the cache themselves)."""
+    if _capturing():
+        return
+    finite = [(n, t) for n, t in finite if t.numel()]
+    slots = [(n, t, k) for n, t, k in slots if t.numel()]
+    parts = [torch.isfinite(t).all().to(torch.int64).view(1) for _, t in finite]
+    parts += [torch.stack([t.min(), t.max()]) for _, t, _ in slots]
+    if not parts:
+        return
+    vals = torch.cat(parts).tolist()  # the one sync
+    for i, (name, _) in enumerate(finite):
+        if not vals[i]:
+            raise ValueError(f"{name}: expected finite values, got NaN or Inf")
+    for j, (name, _, num_slots) in enumerate(slots):
+        lo, hi = vals[len(finite) + 2 * j : len(finite) + 2 * j + 2]
         if lo < -1 or hi >= num_slots:
-            raise ValueError(
-                f"{name}: expected slot ids in [0, {num_slots}) or -1, got values in [{lo}, {hi}]"
-            )
+            raise ValueError(f"{name}: expected slot ids in [0, {num_slots}) or -1, got values in [{lo}, {hi}]")
+
+
+def _run(compile_fn, key, make_config, args, validate):
+    """One compiled call with the tensors as they are; the argument decoder (in C) checks
+    dtypes, shapes, strides and devices, and a rejected call is explained by ``validate``
+    (the Python checks, which raise what was expected and what came; nothing is written)."""
+    try:
+        fn = _launcher(compile_fn, key, make_config)
+        fn(*args)
+    except Exception:
+        validate()
+        raise  # the Python checks found nothing: the compiled call's own error stands
+
+
+def _validate_quantize_q(q, out):
+    _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
+    _check_cuda(q=q)
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            raise TypeError("out: expected (q_nope, q_rope, q_scale)")
+        lead = q.shape[:-1]
+        q_nope, q_rope, q_scale = out
+        _check_tensor("out[0]", q_nope, torch.float8_e4m3fn, last=CONTENT_DIM)
+        _check_tensor("out[1]", q_rope, torch.bfloat16, last=ROPE_DIM)
+        _check_tensor("out[2]", q_scale, torch.float32)
+        if q_nope.shape[:-1] != lead or q_rope.shape[:-1] != lead or q_scale.shape != lead:
+            raise ValueError(f"out: expected shapes {(*lead, CONTENT_DIM)}, {(*lead, ROPE_DIM)}, {tuple(lead)}")
+        _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
+        _check_same_device(q=q, q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
 
 
 def quantize_q(
@@ -89,45 +132,40 @@ def quantize_q(
     ``[b, s_q, h, 64]`` (RoPE / σ_q, Eq. 6) and ``q_scale`` fp32 ``[b, s_q, h]`` with
     σ_q = max(amax|q_content|, 1e-6) / 448 per (token, head). Bit-exact with
     ``reference.quantize_rows``. ``out`` may give the three output tensors (no allocation).
+    With ``check=False`` and ``out`` given a call is one compiled call (its argument decoder
+    checks every tensor; a rejection is explained by the Python checks); ``check`` also
+    looks for NaN/Inf in ``q`` (one host sync).
     """
-    _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
-    _check_cuda(q=q)
-    lead = q.shape[:-1]
-    if out is None:
-        q_nope = torch.empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=q.device)
-        q_rope = torch.empty(*lead, ROPE_DIM, dtype=torch.bfloat16, device=q.device)
-        q_scale = torch.empty(*lead, dtype=torch.float32, device=q.device)
-    else:
-        q_nope, q_rope, q_scale = out
-        _check_tensor("out[0]", q_nope, torch.float8_e4m3fn, last=CONTENT_DIM)
-        _check_tensor("out[1]", q_rope, torch.bfloat16, last=ROPE_DIM)
-        _check_tensor("out[2]", q_scale, torch.float32)
-        if q_nope.shape[:-1] != lead or q_rope.shape[:-1] != lead or q_scale.shape != lead:
-            raise ValueError(f"out: expected shapes {(*lead, CONTENT_DIM)}, {(*lead, ROPE_DIM)}, {tuple(lead)}")
-        _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
-    _check_finite("q", q, check)
+    if not check and out is not None:
+        fn = _hot_quant.get(getattr(q, "shape", None))
+        if fn is not None:  # a shape seen before: one compiled call, nothing else
+            try:
+                fn(q, *out)
+            except Exception:
+                _validate_quantize_q(q, out)
+                raise
+            return tuple(out)
+    if check or out is None:
+        _validate_quantize_q(q, out)
+        if check:
+            _check_values(finite=(("q", q),))
+        if out is None:
+            lead = q.shape[:-1]
+            out = (
+                torch.empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=q.device),
+                torch.empty(*lead, ROPE_DIM, dtype=torch.bfloat16, device=q.device),
+                torch.empty(*lead, dtype=torch.float32, device=q.device),
+            )
     if q.numel():
-        rows = q.view(-1, HEAD_DIM)
-        _launcher(_quant_q.compile)(
-            rows[:, :CONTENT_DIM],
-            rows[:, CONTENT_DIM:],
-            q_nope.view(torch.uint8).view(-1, CONTENT_DIM),
-            q_rope.view(-1, ROPE_DIM),
-            q_scale.view(-1),
+        _run(
+            _quant_q.compile_call, q.shape[1:3], lambda: _quant_q.QuantQCallConfig(q.shape[1], q.shape[2]),
+            (q, *out), lambda: _validate_quantize_q(q, out),
         )
-    return q_nope, q_rope, q_scale
+        _hot_quant[q.shape] = _launchers[(_quant_q.compile_call, q.shape[1:3])]
+    return tuple(out)
 
 
-def append_kv(
-    cache: FP8KVCache, kv: torch.Tensor, slot_mapping: torch.Tensor, *, check: bool = True
-) -> None:
-    """Fused-K-Append: quantize bf16 ``kv [n, 576]`` and write it to ``cache`` at ``slot_mapping``.
-
-    ``slot_mapping`` int64 ``[n]``: slot = page * page_size + offset, ``-1`` skips the row.
-    One launch writes e4m3 content, pre-divided bf16 RoPE and the fp32 scale of each token,
-    bit-exact with ``reference.quantize_rows``. Two rows with the same slot race (as in
-    every paged-append kernel); callers give distinct slots.
-    """
+def _validate_append_kv(cache, kv, slot_mapping):
     if not isinstance(cache, FP8KVCache):
         raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
     _check_tensor("kv", kv, torch.bfloat16, dim=2, last=HEAD_DIM)
@@ -138,12 +176,43 @@ def append_kv(
         )
     _check_cuda(kv=kv, slot_mapping=slot_mapping, cache=cache.kv)
     _check_same_device(kv=kv, slot_mapping=slot_mapping, cache=cache.kv)
-    _check_finite("kv", kv, check)
-    _check_slots("slot_mapping", slot_mapping, cache.num_slots, check)
+
+
+def append_kv(
+    cache: FP8KVCache, kv: torch.Tensor, slot_mapping: torch.Tensor, *, check: bool = True
+) -> None:
+    """Fused-K-Append: quantize bf16 ``kv [n, 576]`` and write it to ``cache`` at ``slot_mapping``.
+
+    ``slot_mapping`` int64 ``[n]``: slot = page * page_size + offset, ``-1`` skips the row.
+    One launch writes e4m3 content, pre-divided bf16 RoPE and the fp32 scale of each token,
+    bit-exact with ``reference.quantize_rows``. Two rows with the same slot race (as in
+    every paged-append kernel); callers give distinct slots. ``check`` also checks the
+    values (finite ``kv``, slots in range) with one host sync; with ``check=False`` a call is
+    one compiled call, and a slot outside the cache is skipped by the kernel.
+    """
+    if check:
+        _validate_append_kv(cache, kv, slot_mapping)
+        _check_values(finite=(("kv", kv),), slots=(("slot_mapping", slot_mapping, cache.num_slots),))
     if kv.shape[0]:
-        _launcher(_append_kv.compile)(
-            kv[:, :CONTENT_DIM], kv[:, CONTENT_DIM:], slot_mapping, *cache.flat()
+        _run(
+            _append_kv.compile_call, cache.page_size, lambda: _append_kv.AppendKVCallConfig(cache.page_size),
+            (kv, slot_mapping, *cache.step_args), lambda: _validate_append_kv(cache, kv, slot_mapping),
         )
+
+
+def _validate_dequantize_kv(cache, slots, out):
+    if not isinstance(cache, FP8KVCache):
+        raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
+    _check_tensor("slots", slots, torch.int64, dim=1)
+    _check_cuda(slots=slots, cache=cache.kv)
+    _check_same_device(slots=slots, cache=cache.kv)
+    if out is not None:
+        n = slots.shape[0]
+        _check_tensor("out", out, torch.bfloat16, dim=2, last=HEAD_DIM)
+        _check_cuda(out=out)
+        if out.shape[0] != n:
+            raise ValueError(f"out: expected shape ({n}, {HEAD_DIM}), got {tuple(out.shape)}")
+        _check_same_device(out=out, slots=slots)
 
 
 def dequantize_kv(
@@ -152,26 +221,20 @@ def dequantize_kv(
     """Fused-Fetch-Dequant: gather ``slots`` (int64 ``[n]``) and return bf16 ``[n, 576]``.
 
     Content: bf16(e4m3 · σ); RoPE: bf16(rope · σ) — the tokens' values back in their own
-    domain, for chunked prefill or prefix caching. A slot of ``-1`` gives a zero row.
+    domain, for chunked prefill or prefix caching. A slot of ``-1`` gives a zero row (so does
+    any slot outside the cache with ``check=False``; ``check`` rejects it, one host sync).
+    With ``check=False`` and ``out`` given a call is one compiled call.
     """
-    if not isinstance(cache, FP8KVCache):
-        raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
-    _check_tensor("slots", slots, torch.int64, dim=1)
-    _check_cuda(slots=slots, cache=cache.kv)
-    _check_same_device(slots=slots, cache=cache.kv)
-    n = slots.shape[0]
-    if out is None:
-        out = torch.empty(n, HEAD_DIM, dtype=torch.bfloat16, device=slots.device)
-    else:
-        _check_tensor("out", out, torch.bfloat16, dim=2, last=HEAD_DIM)
-        _check_cuda(out=out)
-        if out.shape[0] != n:
-            raise ValueError(f"out: expected shape ({n}, {HEAD_DIM}), got {tuple(out.shape)}")
-        _check_same_device(out=out, slots=slots)
-    _check_slots("slots", slots, cache.num_slots, check)
-    if n:
-        _launcher(_dequant_kv.compile)(
-            *cache.flat(), slots, out[:, :CONTENT_DIM], out[:, CONTENT_DIM:]
+    if check or out is None:
+        _validate_dequantize_kv(cache, slots, out)
+        if check:
+            _check_values(slots=(("slots", slots, cache.num_slots),))
+        if out is None:
+            out = torch.empty(slots.shape[0], HEAD_DIM, dtype=torch.bfloat16, device=slots.device)
+    if slots.shape[0]:
+        _run(
+            _dequant_kv.compile_call, cache.page_size, lambda: _dequant_kv.DequantKVCallConfig(cache.page_size),
+            (*cache.step_args, slots, out), lambda: _validate_dequantize_kv(cache, slots, out),
         )
     return out
 
@@ -514,7 +577,11 @@ def warmup(
     from snapmla_cute.kernels.decode import compile as decode_compile
     from snapmla_cute.kernels.decode.step import DecodeStepConfig
 
-    work = [(k.compile, None) for k in (_quant_q, _append_kv, _dequant_kv, _scheduler)]
+    work = [(_scheduler.compile, None)]
+    work += [(_quant_q.compile_call, _quant_q.QuantQCallConfig(s, h)) for h, s in itertools.product(heads, s_q)]
+    for p in page_sizes:
+        work += [(_append_kv.compile_call, _append_kv.AppendKVCallConfig(p)),
+                 (_dequant_kv.compile_call, _dequant_kv.DequantKVCallConfig(p))]
     for h, s, p, c in itertools.product(heads, s_q, page_sizes, causal):
         cfg = DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **DECODE_TUNING))
         work += [(decode_compile.compile_step, cfg), (decode_compile.compile_step_q, cfg)]  # quantized / bf16 query

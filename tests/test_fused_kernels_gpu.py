@@ -135,3 +135,76 @@ def test_bad_inputs_raise_before_launch(seed):
             call()
     assert torch.equal(cache.kv, before[0])
     assert torch.equal(_bits(cache.kv_scale), _bits(before[1]))
+
+
+def test_check_false_is_one_compiled_call_and_still_rejects_clearly(seed):
+    """With ``check=False`` (and ``out`` given) the fused ops make one compiled call whose
+    argument decoder checks the tensors; a rejected call is explained by the Python checks,
+    and nothing is written. A slot outside the cache is skipped by the kernel."""
+    cache = FP8KVCache.allocate(4, 64, fill_nan=True)
+    kv = _rows(8, "flashmla")
+    good = torch.arange(8, device="cuda")
+    q = kv.view(1, 1, 8, 576)
+    q_out = quantize_q(q)
+    deq = torch.empty(8, 576, dtype=torch.bfloat16, device="cuda")
+    append_kv(cache, kv, good, check=False)
+    before = (cache.kv.clone(), cache.kv_scale.clone())
+    cases = [
+        (lambda: append_kv(cache, kv.float(), good, check=False), TypeError, "bfloat16"),
+        (lambda: append_kv(cache, kv, good.int(), check=False), TypeError, "int64"),
+        (lambda: append_kv(cache, kv, good[:7], check=False), ValueError, "one per kv row"),
+        (lambda: append_kv(cache, kv.t().contiguous().t(), good, check=False), ValueError, "contiguous"),
+        (lambda: append_kv(cache, kv.cpu(), good, check=False), ValueError, "CUDA"),
+        (lambda: dequantize_kv(cache, good.int(), out=deq, check=False), TypeError, "int64"),
+        (lambda: dequantize_kv(cache, good, out=deq[:7], check=False), ValueError, "out: expected shape"),
+        (lambda: quantize_q(q, out=(q_out[0], q_out[1], q_out[2].double()), check=False), TypeError, "float32"),
+        (lambda: quantize_q(q[:, :, :4], out=q_out, check=False), ValueError, "out: expected shapes"),
+    ]
+    for call, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            call()
+    torch.cuda.synchronize()
+    assert torch.equal(cache.kv, before[0])
+    assert torch.equal(_bits(cache.kv_scale), _bits(before[1]))
+    # out-of-range slots with check=False: skipped on append, zero rows on dequantize
+    bad = torch.tensor([-5, cache.num_slots, 1 << 40, 3, -1, 0, 1, 2], device="cuda")
+    append_kv(cache, kv, bad, check=False)
+    got = dequantize_kv(cache, bad, out=deq, check=False)
+    assert got is deq
+    assert (got[[0, 1, 2, 4]] == 0).all()
+    want = ref.dequantize_rows(*ref.quantize_rows(kv[[3, 5, 6, 7]].float()))
+    assert torch.equal(got[[3, 5, 6, 7]].view(torch.int16), want.view(torch.int16))
+    # and quantize_q through the hot path is the same bits as through the checked one
+    q2 = quantize_q(q, out=tuple(torch.empty_like(t) for t in q_out), check=False)
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(q2, q_out))
+
+
+def test_value_checks_sync_the_stream_once(seed):
+    import warnings
+
+    cache = FP8KVCache.allocate(4, 64)
+    kv = _rows(8, "flashmla")
+    slots = torch.arange(8, device="cuda")
+    q = kv.view(1, 1, 8, 576)
+    out = quantize_q(q)
+    deq = torch.empty(8, 576, dtype=torch.bfloat16, device="cuda")
+    calls = {
+        "append_kv": (lambda: append_kv(cache, kv, slots), 1),
+        "dequantize_kv": (lambda: dequantize_kv(cache, slots, out=deq), 1),
+        "quantize_q": (lambda: quantize_q(q, out=out), 1),
+        "append_kv check=False": (lambda: append_kv(cache, kv, slots, check=False), 0),
+        "dequantize_kv check=False": (lambda: dequantize_kv(cache, slots, out=deq, check=False), 0),
+        "quantize_q check=False": (lambda: quantize_q(q, out=out, check=False), 0),
+    }
+    for name, (call, want) in calls.items():
+        call()  # compiled and loaded
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        assert len(syncs) == want, (name, [str(w.message) for w in syncs])

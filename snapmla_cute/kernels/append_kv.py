@@ -16,9 +16,12 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from snapmla_cute import jit_cache
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
 from snapmla_cute.kernels import fake, rowquant
+from snapmla_cute.kernels.views import cache_views, view
 
 NAME = "append_kv"
+CALL_NAME = "append_kv_call"
 
 
 @dataclass(frozen=True)
@@ -91,3 +94,49 @@ def fake_args(config: AppendKVConfig):
 def compile(config: AppendKVConfig = AppendKVConfig(), *, arch: str | None = None, keep_sass: bool = False):
     """The compiled kernel for ``config`` (cached in memory and on disk: ``jit_cache``)."""
     return jit_cache.compile_kernel(NAME, config, AppendKVKernel, fake_args, arch=arch, keep_sass=keep_sass)
+
+
+# ---------------------------------------------------------------------------------------------
+# The call ``append_kv`` makes: tensors as they are, views built at trace time
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AppendKVCallConfig:
+    page_size: int
+    kernel: AppendKVConfig = AppendKVConfig()
+
+
+class AppendKVCall:
+    """``kv`` bf16 ``[n, 576]``, ``slot_mapping`` int64 ``[n]``, the cache's ``kv`` uint8
+    ``[pages, page_size, 640]`` and ``kv_scale`` fp32 ``[pages, page_size]``."""
+
+    def __init__(self, cfg: AppendKVCallConfig):
+        self.cfg = cfg
+        self.append = AppendKVKernel(cfg.kernel)
+
+    @cute.jit
+    def __call__(self, m_kv_in: cute.Tensor, m_slots: cute.Tensor, m_kv: cute.Tensor, m_kv_scale: cute.Tensor, stream):
+        n = m_kv_in.shape[0]
+        self.append(
+            view(m_kv_in, (n, CONTENT_DIM), (HEAD_DIM, 1)),
+            view(m_kv_in, (n, ROPE_DIM), (HEAD_DIM, 1), cutlass.BFloat16, 2 * CONTENT_DIM),
+            m_slots,
+            *cache_views(m_kv, m_kv_scale, self.cfg.page_size),
+            stream,
+        )
+
+
+def call_fake_args(config: AppendKVCallConfig):
+    n, ps = fake.sym(), config.page_size
+    return (
+        fake.tensor(cutlass.BFloat16, (n, HEAD_DIM), (HEAD_DIM, 1), 16),
+        fake.tensor(cutlass.Int64, (n,), (1,), 8),
+        *fake.cache(ps),
+        fake.stream(),
+    )
+
+
+def compile_call(config: AppendKVCallConfig, *, arch: str | None = None, keep_sass: bool = False):
+    """``append_kv``'s compiled call for one page size."""
+    return jit_cache.compile_kernel(CALL_NAME, config, AppendKVCall, call_fake_args, arch=arch, keep_sass=keep_sass)

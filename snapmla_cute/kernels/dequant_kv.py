@@ -13,9 +13,12 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Float8E4M3FN
 
 from snapmla_cute import jit_cache
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
 from snapmla_cute.kernels import fake, rowquant
+from snapmla_cute.kernels.views import cache_views, view
 
 NAME = "dequant_kv"
+CALL_NAME = "dequant_kv_call"
 
 
 @dataclass(frozen=True)
@@ -96,3 +99,49 @@ def fake_args(config: DequantKVConfig):
 def compile(config: DequantKVConfig = DequantKVConfig(), *, arch: str | None = None, keep_sass: bool = False):
     """The compiled kernel for ``config`` (cached in memory and on disk: ``jit_cache``)."""
     return jit_cache.compile_kernel(NAME, config, DequantizeKVKernel, fake_args, arch=arch, keep_sass=keep_sass)
+
+
+# ---------------------------------------------------------------------------------------------
+# The call ``dequantize_kv`` makes: tensors as they are, views built at trace time
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DequantKVCallConfig:
+    page_size: int
+    kernel: DequantKVConfig = DequantKVConfig()
+
+
+class DequantizeKVCall:
+    """The cache's ``kv`` uint8 ``[pages, page_size, 640]`` and ``kv_scale`` fp32
+    ``[pages, page_size]``, ``slots`` int64 ``[n]`` → ``out`` bf16 ``[n, 576]``."""
+
+    def __init__(self, cfg: DequantKVCallConfig):
+        self.cfg = cfg
+        self.dequant = DequantizeKVKernel(cfg.kernel)
+
+    @cute.jit
+    def __call__(self, m_kv: cute.Tensor, m_kv_scale: cute.Tensor, m_slots: cute.Tensor, m_out: cute.Tensor, stream):
+        n = m_out.shape[0]
+        self.dequant(
+            *cache_views(m_kv, m_kv_scale, self.cfg.page_size),
+            m_slots,
+            view(m_out, (n, CONTENT_DIM), (HEAD_DIM, 1)),
+            view(m_out, (n, ROPE_DIM), (HEAD_DIM, 1), cutlass.BFloat16, 2 * CONTENT_DIM),
+            stream,
+        )
+
+
+def call_fake_args(config: DequantKVCallConfig):
+    n = fake.sym()
+    return (
+        *fake.cache(config.page_size),
+        fake.tensor(cutlass.Int64, (n,), (1,), 8),
+        fake.tensor(cutlass.BFloat16, (n, HEAD_DIM), (HEAD_DIM, 1), 16),
+        fake.stream(),
+    )
+
+
+def compile_call(config: DequantKVCallConfig, *, arch: str | None = None, keep_sass: bool = False):
+    """``dequantize_kv``'s compiled call for one page size."""
+    return jit_cache.compile_kernel(CALL_NAME, config, DequantizeKVCall, call_fake_args, arch=arch, keep_sass=keep_sass)

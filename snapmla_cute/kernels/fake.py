@@ -48,3 +48,17 @@ def cache_views(slots):
         tensor(cutlass.BFloat16, (slots, ROPE_DIM), (KV_ROW_BYTES // 2, 1), 16),
         tensor(cutlass.Float32, (slots,), (1,), 4),
     )
+
+
+def cache(page_size: int):
+    """An FP8 cache as ``FP8KVCache`` holds it: ``kv`` uint8 ``[pages, page_size, 640]`` and
+    ``kv_scale`` fp32 ``[pages, page_size]``, pages symbolic."""
+    import cutlass
+
+    from snapmla_cute.format import KV_ROW_BYTES
+
+    pages = sym()
+    return (
+        tensor(cutlass.Uint8, (pages, page_size, KV_ROW_BYTES), (page_size * KV_ROW_BYTES, KV_ROW_BYTES, 1), 16),
+        tensor(cutlass.Float32, (pages, page_size), (page_size, 1), 16),
+    )

@@ -14,10 +14,12 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from snapmla_cute import jit_cache
-from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
 from snapmla_cute.kernels import fake, rowquant
+from snapmla_cute.kernels.views import view
 
 NAME = "quant_q"
+CALL_NAME = "quant_q_call"
 
 
 @dataclass(frozen=True)
@@ -83,3 +85,55 @@ def fake_args(config: QuantQConfig):
 def compile(config: QuantQConfig = QuantQConfig(), *, arch: str | None = None, keep_sass: bool = False):
     """The compiled kernel for ``config`` (cached in memory and on disk: ``jit_cache``)."""
     return jit_cache.compile_kernel(NAME, config, QuantizeQKernel, fake_args, arch=arch, keep_sass=keep_sass)
+
+
+# ---------------------------------------------------------------------------------------------
+# The call ``quantize_q`` makes: tensors as they are, views built at trace time
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantQCallConfig:
+    s_q: int
+    heads: int
+    kernel: QuantQConfig = QuantQConfig()
+
+
+class QuantizeQCall:
+    """``q`` bf16 ``[b, s_q, h, 576]`` → ``q_nope`` e4m3 ``[b, s_q, h, 512]``, ``q_rope`` bf16
+    ``[b, s_q, h, 64]``, ``q_scale`` fp32 ``[b, s_q, h]``, all contiguous; one symbolic batch
+    ties them, so the argument decoder rejects a mismatch before launch."""
+
+    def __init__(self, cfg: QuantQCallConfig):
+        self.cfg = cfg
+        self.quant = QuantizeQKernel(cfg.kernel)
+
+    @cute.jit
+    def __call__(self, m_q: cute.Tensor, m_q_nope: cute.Tensor, m_q_rope: cute.Tensor, m_q_scale: cute.Tensor, stream):
+        n = m_q.shape[0] * (self.cfg.s_q * self.cfg.heads)
+        self.quant(
+            view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
+            view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), cutlass.BFloat16, 2 * CONTENT_DIM),
+            view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
+            view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
+            view(m_q_scale, (n,), (1,)),
+            stream,
+        )
+
+
+def call_fake_args(config: QuantQCallConfig):
+    b, s_q, h = fake.sym(), config.s_q, config.heads
+    R = s_q * h
+    t = fake.tensor
+    return (
+        t(cutlass.BFloat16, (b, s_q, h, HEAD_DIM), (R * HEAD_DIM, h * HEAD_DIM, HEAD_DIM, 1), 16),
+        t(cutlass.Float8E4M3FN, (b, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        t(cutlass.BFloat16, (b, s_q, h, ROPE_DIM), (R * ROPE_DIM, h * ROPE_DIM, ROPE_DIM, 1), 16),
+        t(Float32, (b, s_q, h), (R, h, 1), 4),
+        fake.stream(),
+    )
+
+
+def compile_call(config: QuantQCallConfig, *, arch: str | None = None, keep_sass: bool = False):
+    """``quantize_q``'s compiled call for one (s_q, heads)."""
+    return jit_cache.compile_kernel(CALL_NAME, config, QuantizeQCall, call_fake_args, arch=arch, keep_sass=keep_sass)

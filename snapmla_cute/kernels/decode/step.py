@@ -24,20 +24,12 @@ from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels.decode.config import DecodeConfig
 from snapmla_cute.kernels.decode.kernel import DecodeKernel
 from snapmla_cute.kernels.quant_q import QuantizeQKernel
+from snapmla_cute.kernels.views import view as _view
 
 
 @dataclass(frozen=True)
 class DecodeStepConfig:
     decode: DecodeConfig
-
-
-def _view(t: cute.Tensor, shape, stride, dtype=None, byte_offset: int = 0):
-    it = t.iterator
-    if byte_offset:
-        it = cute.recast_ptr(it, dtype=cutlass.Uint8) + byte_offset
-    if dtype is not None:
-        it = cute.recast_ptr(it, dtype=dtype)
-    return cute.make_tensor(it, cute.make_layout(shape, stride=stride))
 
 
 class DecodeStepKernel:
