@@ -165,6 +165,8 @@ DECODE_SHAPES = [
     (64, 64, 1, 2048, False),
     (128, 64, 1, 16384, False),
     (16, 16, 1, 65536, False),
+    (128, 8, 1, 32768, False),  # 128 heads at TP16
+    (64, 128, 8, 8192, False),  # 7 draft tokens, causal
 ]
 
 

@@ -32,7 +32,12 @@ def decode_variants(full: bool = True) -> list:
     if not full:
         shapes = QUICK_SHAPES
     else:
-        shapes = list(itertools.product(HEADS, range(1, MAX_S_Q + 1), PAGE_SIZES, (False, True)))
+        # every page size for s_q <= 4 and h >= 16; h = 8 and the longer windows at page 64
+        # (their layouts differ only in the row count, which the s_q <= 4 set already spans)
+        wide = [h for h in HEADS if h >= 16]
+        shapes = list(itertools.product(wide, range(1, 5), PAGE_SIZES, (False, True)))
+        shapes += [(8, s, 64, c) for s in range(1, MAX_S_Q + 1) for c in (False, True)]
+        shapes += [(h, s, 64, c) for h in wide for s in range(5, MAX_S_Q + 1) for c in (False, True)]
     out = [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
     # the non-default layout (no transposer warpgroup) at the quick shapes, the natural token
     # order (no π) at two of them

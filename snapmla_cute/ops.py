@@ -188,8 +188,8 @@ def dequantize_kv(
 # Decode
 # --------------------------------------------------------------------------------------------
 
-HEADS = (16, 32, 64, 128)
-MAX_S_Q = 4
+HEADS = (8, 16, 32, 64, 128)  # 8: 128 heads at TP16, 64 at TP8
+MAX_S_Q = 8  # speculative decoding windows up to 7 draft tokens
 
 
 class DecodeMetadata:

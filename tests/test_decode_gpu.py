@@ -44,12 +44,24 @@ def _run_and_check(b, s_q, h, page_size, lens, causal, *, dist="flashmla", seed=
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("s_q", [1, 2, 3, 4])
-@pytest.mark.parametrize("h", [16, 32, 64, 128])
+@pytest.mark.parametrize("h", [8, 16, 32, 64, 128])
 def test_heads_and_query_lengths(seed, h, s_q, causal):
     rng = random.Random(seed)
     page_size = rng.choice([16, 32, 64, 128])
     lens = [0, rng.randint(1, 300), rng.randint(1000, 3000)]
     _run_and_check(3, s_q, h, page_size, lens, causal, seed=seed)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("s_q", [5, 6, 7, 8])
+@pytest.mark.parametrize("h", [8, 128])
+def test_long_speculative_windows(seed, h, s_q, causal):
+    """s_q up to 8 (7 draft tokens): more query rows per request than one tile at h128
+    (s_q·h = 1024 rows, 16 tiles) and every row of a tile at h8 (64)."""
+    rng = random.Random(seed)
+    page_size = rng.choice([16, 64])
+    lens = [0, rng.randint(1, 7), rng.randint(1, 300), rng.randint(1000, 3000)]
+    _run_and_check(4, s_q, h, page_size, lens, causal, seed=seed)
 
 
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128])
@@ -190,7 +202,7 @@ def test_bad_inputs_rejected_before_launch(seed):
     cases = [
         (lambda: mla_decode(q.float(), cache, bt, lens), TypeError, "bfloat16"),
         (lambda: mla_decode(q[:, :, :48].contiguous(), cache, bt, lens), ValueError, "heads in"),
-        (lambda: mla_decode(torch.zeros(2, 5, 64, 576, dtype=torch.bfloat16, device="cuda"), cache, bt, lens), ValueError, "s_q"),
+        (lambda: mla_decode(torch.zeros(2, 9, 64, 576, dtype=torch.bfloat16, device="cuda"), cache, bt, lens), ValueError, "s_q"),
         (lambda: mla_decode(q, cache, bt.long(), lens), TypeError, "block_table"),
         (lambda: mla_decode(q, cache, bt, lens.long()), TypeError, "cache_seqlens"),
         (lambda: mla_decode(q, cache, bt[:1], lens), ValueError, "batch"),

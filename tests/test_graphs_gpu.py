@@ -82,10 +82,11 @@ def test_capture_without_metadata_is_refused(seed):
             mla_decode(q, cache, bt, lens)
 
 
-def test_compiled_step_matches_eager(seed):
+@pytest.mark.parametrize("s_q, h", [(2, 32), (8, 8)])
+def test_compiled_step_matches_eager(seed, s_q, h):
     from test_torch_ops import decode_step
 
-    b, s_q, h, ps, pages = 3, 2, 32, 64, 12
+    b, ps, pages = 3, 64, 12
     lens = torch.tensor([200, 1, 64], dtype=torch.int32, device="cuda")
     md = decode_metadata(lens, s_q=s_q, heads=h)
 
@@ -99,7 +100,7 @@ def test_compiled_step_matches_eager(seed):
     cache_b = FP8KVCache(cache_a.kv.clone(), cache_a.kv_scale.clone())
     q = torch.randn(b, s_q, h, 576, device="cuda").to(torch.bfloat16)
     new_kv = (torch.randn(b * s_q, 576, device="cuda") / 10).to(torch.bfloat16)
-    slots = torch.tensor([5, 6, 200, 201, 64, 65], device="cuda")
+    slots = torch.randperm(pages * ps, device="cuda")[: b * s_q]
     bt = torch.randperm(pages, device="cuda").int()[: 3 * 4].view(3, 4)
     args = lambda c: (q, c.kv, c.kv_scale, new_kv, slots, bt, lens, md.sched, md.split_offsets, md.o_partial, md.lse_partial, md.counters)
     eager = decode_step(*args(cache_a))
