@@ -41,11 +41,6 @@ def check_same_device(**tensors):
         raise ValueError(f"tensors on different devices: {devices}")
 
 
-def check_finite(name: str, t: torch.Tensor, check: bool):
-    if check and not capturing() and t.numel() and not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name}: expected finite values, got NaN or Inf")
-
-
 def check_values(*, finite=(), slots=()):
     """The value checks of a fused op with one host sync: ``finite`` (name, tensor) must hold
     no NaN/Inf, ``slots`` (name, int64 tensor, num_slots) must lie in [0, num_slots) or be -1.

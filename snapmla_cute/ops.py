@@ -13,7 +13,6 @@ import torch
 
 from snapmla_cute.checks import capturing as _capturing
 from snapmla_cute.checks import check_cuda as _check_cuda
-from snapmla_cute.checks import check_finite as _check_finite
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
@@ -414,7 +413,8 @@ def mla_decode(
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h)
     bf16_q = not isinstance(q, (tuple, list))
     if bf16_q:
-        _check_finite("q", q, check)
+        if check:
+            _check_values(finite=(("q", q),))
         if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
             q, bf16_q = quantize_q(q, check=False), False
     if out is None:

@@ -344,6 +344,19 @@ def _qk(q_codes: torch.Tensor, kq: _QuantizedK, mma: str) -> torch.Tensor:
     return tensor_core_mma(rope, k_rope, acc, kind="bf16")
 
 
+def _scores(q_codes, q_scale, kq: _QuantizedK, vis, softmax_scale: float, mma: str):
+    """QK (FP8 content and BF16 RoPE into one fp32 accumulator, Eq. 6) as the kernel scales
+    it: ``t = acc·σ_k`` with keys past ``vis`` at -inf, and ``q_fac = σ_q·scale·log2e``. The
+    kernel takes a block's max of s = t·q_fac as q_fac·max(t) (equal: rounding is monotone)
+    and 2^(s - m) as one fma of t. Returns ``(t [R, L], q_fac [R])``."""
+    L, dev = kq.qk_codes.shape[0], q_codes.device
+    acc = _qk(q_codes, kq, mma)
+    q_fac = q_scale * torch.tensor(softmax_scale * LOG2E, dtype=torch.float32)
+    t2 = acc * kq.qk_scale[None, :]
+    col = torch.arange(L, device=dev)
+    return torch.where(col[None, :] < vis[:, None], t2, torch.tensor(-math.inf, device=dev)), q_fac
+
+
 def _decode_one(
     q_codes: torch.Tensor,
     q_scale: torch.Tensor,
@@ -365,15 +378,7 @@ def _decode_one(
     R, L = q_codes.shape[0], kq.qk_codes.shape[0]
     dev = q_codes.device
     hopper = mma == "hopper"
-    # QK: FP8 content GEMM and BF16 RoPE GEMM into one fp32 accumulator (Eq. 6), then
-    # S·σ_q·σ_k·softmax_scale in the log2 domain.
-    acc = _qk(q_codes, kq, mma)
-    # the kernel's order: t = acc·σ_k, s = t·(σ_q·scale·log2e); the block max of s is taken
-    # as q_fac·max(t) (equal: rounding is monotone) and 2^(s - m) as one fma of t
-    q_fac = q_scale * torch.tensor(softmax_scale * LOG2E, dtype=torch.float32)
-    t2 = acc * kq.qk_scale[None, :]
-    col = torch.arange(L, device=dev)
-    t2 = torch.where(col[None, :] < vis[:, None], t2, torch.tensor(-math.inf, device=dev))
+    t2, q_fac = _scores(q_codes, q_scale, kq, vis, softmax_scale, mma)
 
     m = torch.full((R,), -math.inf, dtype=torch.float32, device=dev)  # running max (log2)
     ell = torch.zeros(R, dtype=torch.float32, device=dev)  # Σ P, in units of 1/σ_p
@@ -423,11 +428,7 @@ def _decode_one_p_variant(q_codes, q_scale, kq, vis, softmax_scale, mma, p, p_bl
     true units (fp32), each block's P·V from its quantized P in true units."""
     R, L = q_codes.shape[0], kq.qk_codes.shape[0]
     dev = q_codes.device
-    acc = _qk(q_codes, kq, mma)
-    q_fac = q_scale * torch.tensor(softmax_scale * LOG2E, dtype=torch.float32)
-    t2 = acc * kq.qk_scale[None, :]
-    col = torch.arange(L, device=dev)
-    t2 = torch.where(col[None, :] < vis[:, None], t2, torch.tensor(-math.inf, device=dev))
+    t2, q_fac = _scores(q_codes, q_scale, kq, vis, softmax_scale, mma)
     m = torch.full((R,), -math.inf, dtype=torch.float32, device=dev)
     ell = torch.zeros(R, dtype=torch.float32, device=dev)
     o = torch.zeros(R, CONTENT_DIM, dtype=torch.float32, device=dev)
