@@ -25,6 +25,9 @@ class KVRing:
 
     stages: int
     pipe: object = None
+    # the stages are written by cp.async (generic proxy): a consumer fences the async proxy
+    # after its wait, before WGMMA reads them
+    generic_writes: bool = False
 
     def stage_of(self, g):
         """g mod stages for g ≥ 0: a mask when the stage count is a power of two (Int32 % and
@@ -48,6 +51,8 @@ class KVRing:
     def wait(self, g):
         """Waits until block g's TMA loads have landed."""
         self.pipe.consumer_wait(self.state(g))
+        if cutlass.const_expr(self.generic_writes):
+            cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
     def release(self, g):

@@ -5,8 +5,10 @@ Public API (torch tensors on a CUDA device):
 * :class:`FP8KVCache` — one layer's FP8 paged KV cache (644 B/token).
 * :func:`quantize_q`, :func:`append_kv`, :func:`dequantize_kv` — the fused memory-bound kernels.
 * :func:`mla_decode`, :func:`decode_metadata` — the FP8 decode (split-KV planned on the device).
+* :func:`mla_decode_sparse`, :func:`sparse_decode_metadata` — the FP8 sparse (top-k) decode:
+  each query token attends to its own list of cache slots.
 * ``torch.ops.snapmla.{quantize_q,append_kv,dequantize_kv,mla_decode}`` — the same as custom
-  ops with fake implementations (torch.compile, CUDA graphs).
+  ops (and ``mla_decode_sparse``) with fake implementations (torch.compile, CUDA graphs).
 * :mod:`snapmla_cute.reference` — the specification: exact decode and the bit-faithful emulation.
 """
 
@@ -20,6 +22,7 @@ from snapmla_cute.ops import (
     quantize_q,
     warmup,
 )
+from snapmla_cute.sparse import SparseDecodeMetadata, mla_decode_sparse, sparse_decode_metadata
 
 from snapmla_cute import torch_ops  # noqa: E402,F401  registers torch.ops.snapmla.*
 
@@ -32,5 +35,8 @@ __all__ = [
     "decode_metadata",
     "DecodeMetadata",
     "warmup",
+    "mla_decode_sparse",
+    "sparse_decode_metadata",
+    "SparseDecodeMetadata",
 ]
 __version__ = "0.1.0"

@@ -72,3 +72,20 @@ def target_us(peers: dict, floor_us: float) -> float | None:
     """The decode's target for a shape: the slower of (best peer ÷ 1.3) and (floor ÷ 0.85)."""
     best = min((v for v in peers.values() if v), default=None)
     return round(max(best / 1.3, floor_us / 0.85), 1) if best else None
+
+
+# FlashMLA's sparse FP8 decode (DeepSeek-V3.2 DSA, sgl-flash-mla 1.0.0; 656 B/token, dequantized
+# to BF16 before BF16 MMAs) at V3.2-like shapes: each query token gets topk distinct random
+# tokens of an s_k-token request, page 64, CUDA-graph replay (2026-11-23, H100 only)
+FLASHMLA_SPARSE_US = {
+    "H100": {
+        # (b, h, s_q, topk, s_k): µs
+        (128, 128, 1, 2048, 8192): 178.3,
+        (128, 128, 2, 2048, 8192): 347.4,
+        (64, 64, 1, 2048, 8192): 80.2,
+        (64, 64, 2, 2048, 8192): 115.7,
+        (32, 128, 1, 16384, 32768): 346.9,
+        (1, 128, 1, 2048, 8192): 18.8,
+        (32, 64, 1, 8192, 16384): 132.3,
+    },
+}

@@ -41,16 +41,19 @@ def check_same_device(**tensors):
         raise ValueError(f"tensors on different devices: {devices}")
 
 
-def check_values(*, finite=(), slots=()):
+def check_values(*, finite=(), slots=(), ranges=()):
     """The value checks of a fused op with one host sync: ``finite`` (name, tensor) must hold
-    no NaN/Inf, ``slots`` (name, int64 tensor, num_slots) must lie in [0, num_slots) or be -1.
-    Skipped under CUDA-graph capture (the kernels skip a slot outside the cache themselves)."""
+    no NaN/Inf, ``slots`` (name, int64 tensor, num_slots) must lie in [0, num_slots) or be -1,
+    ``ranges`` (name, integer tensor, lo, hi) in [lo, hi]. Skipped under CUDA-graph capture
+    (the kernels skip a slot outside the cache themselves)."""
     if capturing():
         return
     finite = [(n, t) for n, t in finite if t.numel()]
     slots = [(n, t, k) for n, t, k in slots if t.numel()]
+    ranges = [(n, t, lo, hi) for n, t, lo, hi in ranges if t.numel()]
     parts = [torch.isfinite(t).all().to(torch.int64).view(1) for _, t in finite]
-    parts += [torch.stack([t.min(), t.max()]) for _, t, _ in slots]
+    parts += [torch.stack([t.min(), t.max()]).to(torch.int64) for _, t, _ in slots]
+    parts += [torch.stack([t.min(), t.max()]).to(torch.int64) for _, t, _, _ in ranges]
     if not parts:
         return
     vals = torch.cat(parts).tolist()  # the one sync
@@ -61,3 +64,8 @@ def check_values(*, finite=(), slots=()):
         lo, hi = vals[len(finite) + 2 * j : len(finite) + 2 * j + 2]
         if lo < -1 or hi >= num_slots:
             raise ValueError(f"{name}: expected slot ids in [0, {num_slots}) or -1, got values in [{lo}, {hi}]")
+    base = len(finite) + 2 * len(slots)
+    for j, (name, _, lo_ok, hi_ok) in enumerate(ranges):
+        lo, hi = vals[base + 2 * j : base + 2 * j + 2]
+        if lo < lo_ok or hi > hi_ok:
+            raise ValueError(f"{name}: expected values in [{lo_ok}, {hi_ok}], got values in [{lo}, {hi}]")

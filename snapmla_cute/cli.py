@@ -43,6 +43,10 @@ def _bench(args):
     print(f"device: {name}; anchor copy bandwidth {tbps} TB/s (tables use the copy measured now)")
     if args.what == "fused":
         print_table(bench_fused(tokens=args.tokens, page_size=args.page_size), json_path=args.json)
+    elif args.what == "sparse":
+        from snapmla_cute.bench_sparse import bench_sparse
+
+        print_table(bench_sparse(page_size=args.page_size), json_path=args.json)
     else:
         from snapmla_cute.bench import DECODE_SHAPES, plot_rows
 
@@ -159,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_compile)
 
     b = sub.add_parser("bench", help="time the kernels on the GPU and print a table")
-    b.add_argument("what", nargs="?", choices=["decode", "fused"], default="decode")
+    b.add_argument("what", nargs="?", choices=["decode", "fused", "sparse"], default="decode")
     b.add_argument("--tokens", type=int, nargs="+", default=[1 << 16, 1 << 20, 1 << 22])
     b.add_argument("--page-size", type=int, default=64)
     b.add_argument("--json", help="also write the rows as JSON here")

@@ -71,7 +71,19 @@ def all_variants(full: bool = True) -> list[tuple]:
     # quantized or a bf16 query
     steps = ((dc.STEP_NAME, dc.compile_step), (dc.STEP_Q_NAME, dc.compile_step_q))
     out += [(name, fn, DecodeStepConfig(c)) for c in decode_variants(False)[:1] for name, fn in steps]
+    # what mla_decode_sparse launches, at every head count (the call's s_q changes only views)
+    out += [(dc.SPARSE_NAME, dc.compile_sparse, c) for c in sparse_variants()]
+    out += [(dc.SPARSE_Q_NAME, dc.compile_sparse_q, sparse_variants()[-1])]
     return out
+
+
+def sparse_variants() -> list:
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig
+    from snapmla_cute.sparse import SPARSE_HEADS
+
+    return [DecodeSparseStepConfig(DecodeConfig(heads=h, s_q=1, page_size=1, causal=False, sparse=True), s)
+            for h in SPARSE_HEADS for s in ((1, 2) if h == 128 else (1,))]
 
 
 # the DSL names a kernel after its module, class and argument types; a move renames it
@@ -152,6 +164,9 @@ def compile_report(arch: str = "sm_90a", variants=None, jobs: int = 1) -> list[d
     return [_report_one(w) for w in work]
 
 
+_DECODES = ("decode", "decode_step", "decode_step_q", "decode_sparse", "decode_sparse_q")
+
+
 def violations(rows) -> list[str]:
     """What CI rejects: local-memory traffic anywhere; a decode variant without QGMMA or HGMMA,
     or with its warpgroup MMAs serialized by ptxas (each waiting for the previous one)."""
@@ -160,9 +175,9 @@ def violations(rows) -> list[str]:
         where = f"{r['kernel']} [{r['variant']}]"
         if r["local_ld"] or r["local_st"] or r["frame_bytes"]:
             bad.append(f"{where}: local memory ({r['local_ld']} LDL, {r['local_st']} STL, {r['frame_bytes']} B frame)")
-        if r["kernel"] in ("decode", "decode_step", "decode_step_q") and (r["qgmma"] == 0 or r["hgmma"] == 0):
+        if r["kernel"] in _DECODES and (r["qgmma"] == 0 or r["hgmma"] == 0):
             bad.append(f"{where}: QGMMA {r['qgmma']}, HGMMA {r['hgmma']}")
-        if r["kernel"] in ("decode", "decode_step", "decode_step_q") and r["gmma_run"] < 2:
+        if r["kernel"] in _DECODES and r["gmma_run"] < 2:
             bad.append(f"{where}: warpgroup MMAs serialized (longest GMMA run without a wait: {r['gmma_run']})")
     return bad
 

@@ -56,6 +56,8 @@ class FP8KVCache:
         self.kv_scale = kv_scale
         self.page_size = kv.shape[1]  # a plain attribute: the decode hot path reads it per call
         self.step_args = (kv, kv_scale)  # what the decode step takes, prebuilt for the hot path
+        # the sparse decode's: the cache as slots (it gathers by slot id, any page size)
+        self.slot_args = (kv.view(-1, KV_ROW_BYTES), kv_scale.view(-1))
 
     @classmethod
     def allocate(

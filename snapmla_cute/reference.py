@@ -344,17 +344,21 @@ def _qk(q_codes: torch.Tensor, kq: _QuantizedK, mma: str) -> torch.Tensor:
     return tensor_core_mma(rope, k_rope, acc, kind="bf16")
 
 
-def _scores(q_codes, q_scale, kq: _QuantizedK, vis, softmax_scale: float, mma: str):
+def _scores(q_codes, q_scale, kq: _QuantizedK, vis, softmax_scale: float, mma: str, key_mask=None):
     """QK (FP8 content and BF16 RoPE into one fp32 accumulator, Eq. 6) as the kernel scales
     it: ``t = acc·σ_k`` with keys past ``vis`` at -inf, and ``q_fac = σ_q·scale·log2e``. The
     kernel takes a block's max of s = t·q_fac as q_fac·max(t) (equal: rounding is monotone)
-    and 2^(s - m) as one fma of t. Returns ``(t [R, L], q_fac [R])``."""
+    and 2^(s - m) as one fma of t. ``key_mask [L]`` (sparse): False keys at -inf too.
+    Returns ``(t [R, L], q_fac [R])``."""
     L, dev = kq.qk_codes.shape[0], q_codes.device
     acc = _qk(q_codes, kq, mma)
     q_fac = q_scale * torch.tensor(softmax_scale * LOG2E, dtype=torch.float32)
     t2 = acc * kq.qk_scale[None, :]
     col = torch.arange(L, device=dev)
-    return torch.where(col[None, :] < vis[:, None], t2, torch.tensor(-math.inf, device=dev)), q_fac
+    keep = col[None, :] < vis[:, None]
+    if key_mask is not None:
+        keep = keep & key_mask[None, :]
+    return torch.where(keep, t2, torch.tensor(-math.inf, device=dev)), q_fac
 
 
 def _decode_one(
@@ -366,19 +370,24 @@ def _decode_one(
     mma: str = "exact",
     p: str = "e4m3",
     p_block: int = BLOCK_N,
+    key_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Algorithm 1 for R query rows against one request's L keys, all in fp32.
 
     ``q_codes [R, 576]``, ``q_scale [R]``, ``vis [R]`` keys visible per row. Returns
     ``out [R, 512]`` (fp32) and natural-log ``lse [R]``. ``mma="hopper"`` runs both GEMMs
     through ``tensor_core_mma`` in the kernel's instruction order; ``"exact"`` in fp32.
+    ``key_mask [L]``: keys that count (the sparse decode's list entries; the others are
+    zero rows with σ_k 0 and score -inf, as the kernel loads them).
     """
     if (p, p_block) != ("e4m3", BLOCK_N):
+        if key_mask is not None:
+            raise ValueError("key_mask: only with the shipped P format")
         return _decode_one_p_variant(q_codes, q_scale, kq, vis, softmax_scale, mma, p, p_block)
     R, L = q_codes.shape[0], kq.qk_codes.shape[0]
     dev = q_codes.device
     hopper = mma == "hopper"
-    t2, q_fac = _scores(q_codes, q_scale, kq, vis, softmax_scale, mma)
+    t2, q_fac = _scores(q_codes, q_scale, kq, vis, softmax_scale, mma, key_mask)
 
     m = torch.full((R,), -math.inf, dtype=torch.float32, device=dev)  # running max (log2)
     ell = torch.zeros(R, dtype=torch.float32, device=dev)  # Σ P, in units of 1/σ_p
@@ -563,3 +572,6 @@ def lse_max_abs(x: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.equal(torch.isfinite(x), fin) or not torch.equal(x[~fin], ref[~fin]):
         return math.inf
     return float((x[fin] - ref[fin]).abs().max()) if fin.any() else 0.0
+
+
+from snapmla_cute.sparse_reference import mla_decode_sparse_emulated, mla_decode_sparse_exact  # noqa: E402,F401

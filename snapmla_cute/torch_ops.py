@@ -87,3 +87,50 @@ def _(q_nope, q_rope, q_scale, kv, kv_scale, block_table, cache_seqlens, sched, 
         q_nope.new_empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16),
         q_nope.new_empty(b, h, s_q, dtype=torch.float32),
     )
+
+
+@torch.library.custom_op(
+    "snapmla::mla_decode_sparse", mutates_args=("sched", "split_offsets", "o_partial", "lse_partial", "counters")
+)
+def mla_decode_sparse(
+    q_nope: Tensor,
+    q_rope: Tensor,
+    q_scale: Tensor,
+    kv: Tensor,
+    kv_scale: Tensor,
+    indices: Tensor,
+    topk_length: Tensor,
+    sched: Tensor,
+    split_offsets: Tensor,
+    o_partial: Tensor,
+    lse_partial: Tensor,
+    counters: Tensor,
+    softmax_scale: float,
+) -> tuple[Tensor, Tensor]:
+    """``sparse.mla_decode_sparse`` on the buffers of a ``SparseDecodeMetadata`` (its
+    ``sched``, ``split_offsets``, ``o_partial``, ``lse_partial``, ``counters``); pass the
+    metadata's ``full_lengths`` as ``topk_length`` for whole lists."""
+    from snapmla_cute import sparse
+
+    b, s_q, h, _ = q_nope.shape
+    md = sparse.SparseDecodeMetadata.__new__(sparse.SparseDecodeMetadata)
+    md.batch, md.s_q, md.heads, md.topk, md.num_parts = b, s_q, h, indices.shape[-1], sched.shape[0]
+    md.full_lengths = topk_length
+    md.sched, md.split_offsets, md.o_partial, md.lse_partial, md.counters = (
+        sched, split_offsets, o_partial, lse_partial, counters
+    )
+    md.q_args = None
+    md.step_args = (sched, split_offsets[: b * s_q].view(b, s_q), o_partial, lse_partial, counters)
+    return sparse.mla_decode_sparse(
+        (q_nope, q_rope, q_scale), FP8KVCache(kv, kv_scale), indices, topk_length=topk_length,
+        softmax_scale=softmax_scale, metadata=md, check=False,
+    )
+
+
+@mla_decode_sparse.register_fake
+def _(q_nope, q_rope, q_scale, kv, kv_scale, indices, topk_length, sched, split_offsets, o_partial, lse_partial, counters, softmax_scale):
+    b, s_q, h, _ = q_nope.shape
+    return (
+        q_nope.new_empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16),
+        q_nope.new_empty(b, h, s_q, dtype=torch.float32),
+    )

@@ -272,3 +272,43 @@ def test_pow2_is_exact_over_the_emulations_exponent_range():
     got = ref._pow2(e)
     assert got.dtype == torch.float64
     assert got.tolist() == [2.0**int(k) for k in e]
+
+
+def test_sparse_emulation_is_the_dense_one_over_the_same_list():
+    """A list of a request's tokens in cache order is the dense decode: bit-identical."""
+    torch.manual_seed(3)
+    P, ps, b, h = 6, 32, 2, 16
+    k = (torch.randn(P, ps, 576) / 10).clamp(-1, 1)
+    kv, kv_scale = ref.quantize_kv_cache(k)
+    q = torch.randn(b, 1, h, 576).bfloat16()
+    bt = torch.stack([torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5])]).int()
+    lens = torch.tensor([70, 96], dtype=torch.int32)
+    od, ld = ref.mla_decode_emulated(q, (kv, kv_scale), bt, lens)
+    idx = torch.full((b, 1, 96), -1, dtype=torch.int32)
+    for i in range(b):
+        slots = (bt[i].long()[:, None] * ps + torch.arange(ps)).flatten()[: int(lens[i])]
+        idx[i, 0, : slots.numel()] = slots.int()
+    os_, ls_ = ref.mla_decode_sparse_emulated(q, (kv, kv_scale), idx, topk_length=lens)
+    assert torch.equal(od, os_) and torch.equal(ld, ls_)
+
+
+def test_sparse_reference_semantics():
+    """-1, ids outside the cache and positions past topk_length are no token; a duplicate
+    counts twice; an empty list gives zeros and -inf; emulation close to exact."""
+    torch.manual_seed(4)
+    P, ps, h = 4, 16, 16
+    k = (torch.randn(P, ps, 576) / 10).clamp(-1, 1)
+    kv, kv_scale = ref.quantize_kv_cache(k)
+    q = torch.randn(1, 1, h, 576).bfloat16().repeat(3, 1, 1, 1)
+    idx = torch.tensor([[[5, -1, 9, 64, 7]], [[5, 9, 7, 2, 2]], [[-1, -1, -1, -1, -1]]], dtype=torch.int32)
+    tl = torch.tensor([5, 3, 5], dtype=torch.int32)
+    ox, lx = ref.mla_decode_sparse_exact(q, k, idx, topk_length=tl)
+    # request 0 = {5, 9, 7} = request 1's first three
+    assert torch.allclose(ox[0], ox[1]) and torch.allclose(lx[0], lx[1])
+    assert torch.all(ox[2] == 0) and torch.all(torch.isneginf(lx[2]))
+    dup = ref.mla_decode_sparse_exact(q[1:2], k, idx[1:2])[1]
+    once = ref.mla_decode_sparse_exact(q[1:2], k, idx[1:2, :, :4])[1]
+    assert torch.all(dup > once)  # token 2 twice: more mass than once
+    oe, le = ref.mla_decode_sparse_emulated(q, (kv, kv_scale), idx, topk_length=tl)
+    assert ref.rel_l2(oe[:2], ox[:2]) < 0.05
+    assert torch.all(oe[2] == 0) and torch.all(torch.isneginf(le[2]))

@@ -155,7 +155,7 @@ class DecodeSchedulerKernel:
         The caller syncs before reading ``s_pre``."""
         ov = self.cfg.fixed_overhead_blocks
         return self.runs_prefix(
-            lambda r: self.n_blocks(m_cache_seqlens[r]) + ov, m_cache_seqlens.shape[0], s_pre, s_warp, tidx, threads
+            lambda r: self.n_blocks(m_cache_seqlens[r]) + ov, cute.size(m_cache_seqlens), s_pre, s_warp, tidx, threads
         )
 
     @cute.jit

@@ -2,7 +2,7 @@
 per-lane shared-memory addresses (32-bit shared window), used by the V transposition, and
 ``trap``."""
 
-from cutlass import Int32
+from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T as _T, dsl_user_op
 
@@ -60,3 +60,28 @@ def launder(x: Int32, dep: Int32, *, loc=None, ip=None) -> Int32:
         loc, ip,
     )
     return Int32(res)
+
+
+@dsl_user_op
+def cp_async(smem_addr: Int32, gmem_addr, nbytes: int, src_bytes: Int32, *, loc=None, ip=None):
+    """``cp.async.{cg|ca}.shared.global [smem], [gmem], nbytes, src_bytes``: the bytes past
+    ``src_bytes`` are zero-filled (``src_bytes`` 0: nothing is read)."""
+    cache = "cg" if nbytes == 16 else "ca"
+    _asm(
+        None,
+        [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+         Int32(src_bytes).ir_value(loc=loc, ip=ip)],
+        f"cp.async.{cache}.shared.global [$0], [$1], {nbytes}, $2;",
+        "r,l,r,~{memory}",
+        loc, ip,
+    )
+
+
+@dsl_user_op
+def cp_async_arrive_noinc(mbar_addr: Int32, *, loc=None, ip=None):
+    """``cp.async.mbarrier.arrive.noinc``: one arrival on the mbarrier once this thread's
+    earlier cp.async copies have landed (counted in the barrier's expected arrivals)."""
+    _asm(
+        None, [Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
+        "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r,~{memory}", loc, ip,
+    )

@@ -9,11 +9,20 @@ from snapmla_cute import jit_cache
 from snapmla_cute.kernels import fake
 from snapmla_cute.kernels.decode.config import DecodeConfig
 from snapmla_cute.kernels.decode.kernel import DecodeKernel
-from snapmla_cute.kernels.decode.step import DecodeStepConfig, DecodeStepKernel, DecodeStepQuantKernel
+from snapmla_cute.kernels.decode.step import (
+    DecodeSparseStepConfig,
+    DecodeSparseStepKernel,
+    DecodeSparseStepQuantKernel,
+    DecodeStepConfig,
+    DecodeStepKernel,
+    DecodeStepQuantKernel,
+)
 
 NAME = "decode"
 STEP_NAME = "decode_step"
 STEP_Q_NAME = "decode_step_q"
+SPARSE_NAME = "decode_sparse"
+SPARSE_Q_NAME = "decode_sparse_q"
 
 
 def fake_args(config: DecodeConfig, n=None):
@@ -111,4 +120,66 @@ def compile_step_q(config: DecodeStepConfig, *, arch: str | None = None, keep_sa
     """The step from a bf16 query (Q-quant launch, then the decode)."""
     return jit_cache.compile_kernel(
         STEP_Q_NAME, config, DecodeStepQuantKernel, step_q_fake_args, arch=arch, keep_sass=keep_sass
+    )
+
+
+def sparse_fake_args(config: DecodeSparseStepConfig, n=None):
+    """The sparse step's arguments (natural PyTorch layouts): the batch ties q, the index
+    lists, the lengths, the outputs and the metadata's per-request buffers; the cache as
+    slots ``[S, 640]`` and ``[S]`` (any page size)."""
+    import cutlass
+
+    from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
+
+    bf16, u8, f32, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int32
+    fp8 = cutlass.Float8E4M3FN
+    n = fake.sym() if n is None else n
+    h, s_q = config.decode.heads, config.s_q
+    R = h * s_q
+    m_tiles = config.decode.m_tiles
+    slots, splits, topk = fake.sym(), fake.sym(), fake.sym()
+    t = fake.tensor
+    return (
+        t(fp8, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        t(bf16, (n, s_q, h, ROPE_DIM), (R * ROPE_DIM, h * ROPE_DIM, ROPE_DIM, 1), 16),
+        t(f32, (n, s_q, h), (R, h, 1), 4),
+        t(i32, (n, s_q, topk), (fake.sym(), topk, 1), 4),
+        t(i32, (n,), (1,), 4),
+        t(bf16, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        t(f32, (n, h, s_q), (R, s_q, 1), 4),
+        t(u8, (slots, KV_ROW_BYTES), (KV_ROW_BYTES, 1), 16),
+        t(f32, (slots,), (1,), 4),
+        t(i32, (fake.sym(), 8), (8, 1), 16),
+        t(i32, (n, s_q), (s_q, 1), 4),
+        t(f32, (splits, h, CONTENT_DIM), (h * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        t(f32, (splits, h), (h, 1), 4),
+        t(i32, (n, s_q, 2 * m_tiles), (s_q * 2 * m_tiles, 2 * m_tiles, 1), 4),
+        cutlass.Float32(0.0),
+        fake.stream(),
+    )
+
+
+def sparse_q_fake_args(config: DecodeSparseStepConfig):
+    """The sparse step from a bf16 query ``[b, s_q, h, 576]``."""
+    import cutlass
+
+    from snapmla_cute.format import HEAD_DIM
+
+    n = fake.sym()
+    s_q, h = config.s_q, config.decode.heads
+    q = fake.tensor(cutlass.BFloat16, (n, s_q, h, HEAD_DIM), (s_q * h * HEAD_DIM, h * HEAD_DIM, HEAD_DIM, 1), 16)
+    return (q, *sparse_fake_args(config, n))
+
+
+def compile_sparse(config: DecodeSparseStepConfig, *, arch: str | None = None, keep_sass: bool = False):
+    """The sparse step from a quantized query (one launch)."""
+    return jit_cache.compile_kernel(
+        SPARSE_NAME, config, DecodeSparseStepKernel, sparse_fake_args, arch=arch, keep_sass=keep_sass
+    )
+
+
+def compile_sparse_q(config: DecodeSparseStepConfig, *, arch: str | None = None, keep_sass: bool = False):
+    """The sparse step from a bf16 query (Q-quant launch, then the decode)."""
+    return jit_cache.compile_kernel(
+        SPARSE_Q_NAME, config, DecodeSparseStepQuantKernel, sparse_q_fake_args, arch=arch, keep_sass=keep_sass
     )

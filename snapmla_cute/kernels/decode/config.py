@@ -61,6 +61,11 @@ class DecodeConfig:
     s_q: int
     page_size: int
     causal: bool
+    # the sparse decode (``mla_decode_sparse``): a request is one query token with its own
+    # list of slot ids (its "block table", ``page_size`` 1), gathered by cp.async; listed
+    # ids outside the cache, -1 and positions past the list's length are masked keys
+    # (zero-filled, score -inf). ``heads`` rows per request, ``s_q`` 1, not causal.
+    sparse: bool = False
     # ---- schedule (the defaults ship; the other values are tested or profiled)
     kv_stages: int = 4
     # PV temporaries: with 2 a GEMM is issued before the previous one is added
@@ -82,6 +87,7 @@ class DecodeConfig:
     # before its PV of blocks j-1 and j a consumer also waits for the transposer's signal of
     # j-1 (implied by j's: the transposer works and signals in block order)
     vt_wait_both: bool = False
+    gather_unroll: int = 8  # sparse: a gathering warp's token loop unrolled (2: 173 us, 8: 139 us at b128 h128 topk2048)
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
     p_stsm: bool = True
@@ -116,3 +122,9 @@ class DecodeConfig:
     @property
     def box_rows(self) -> int:
         return min(L.BLOCK_N, self.page_size)
+
+    @property
+    def scale_box(self) -> int:
+        """Scales per shared-memory scale slot: a TMA box's, or a whole block's when the
+        producer gathers them (sparse)."""
+        return L.BLOCK_N if self.sparse else self.box_rows

@@ -194,7 +194,7 @@ class Consumer:
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("epilogue_done", wg)
             if n_splits > 1:
-                n_mergers = self.merger_count(n_splits, work.helpers(), req, work.m_seqlens.shape[0])
+                n_mergers = self.merger_count(n_splits, work.helpers(), req, cute.size(work.m_seqlens))
                 self.finish_split(
                     io, kv_addr, m_tile, req, first, split, n_splits, n_mergers,
                     tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG, True,
@@ -228,7 +228,7 @@ class Consumer:
         ks_pre = cute.make_rmem_tensor((cute.size(tiles.c_s_mn, mode=[1]),), Float32)
         for jj in cutlass.range_constexpr(cute.size(tiles.c_s_mn, mode=[1])):
             c = tiles.c_s_mn[0, jj][1]
-            ks_pre[jj] = smem.ks[c % cfg.box_rows, c // cfg.box_rows, stage]
+            ks_pre[jj] = smem.ks[c % cfg.scale_box, c // cfg.scale_box, stage]
         if r == 0 and j == seg.first and wg_tidx == 0:
             self.tracer.stamp("qk_done", wg)
         valid = seg.seqlen - blk * L.BLOCK_N

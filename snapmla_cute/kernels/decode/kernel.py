@@ -39,12 +39,15 @@ from snapmla_cute.pipelines.kv_ring import KVRing
 
 class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
     def __init__(self, cfg: DecodeConfig):
+        if cfg.sparse and (cfg.page_size != 1 or cfg.causal or cfg.s_q != 1):
+            raise ValueError(f"DecodeConfig: sparse needs page_size 1, s_q 1, not causal; got {cfg}")
         self.cfg = cfg
         self.roles = roles.layout(cfg.transposer)
         self.threads = self.roles.threads
         self.planner = DecodeSchedulerKernel()
         self.n_sub = L.BLOCK_N // cfg.box_rows
-        self.scale_stride = max(cfg.box_rows, 32)  # floats between boxes of scales
+        self.n_scale = L.BLOCK_N // cfg.scale_box  # scale slots per block
+        self.scale_stride = max(cfg.scale_box, 32)  # floats between slots of scales
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -101,17 +104,25 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         tma_q_rope, g_q_rope = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), m_q_rope, cute.slice_(q_rope_sl, (None, None, 0)), (L.M_TILE, ROPE_DIM)
         )
-        kv_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kv_sl, (None, None, 0)), (br, CONTENT_DIM)), (None, None, 0, 0))
-        kr_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kr_sl, (None, None, 0)), (br, ROPE_DIM)), (None, None, 0, 0))
-        tma_kv, g_kv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_content, kv_box_sl, (br, CONTENT_DIM))
-        tma_kr, g_kr = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_rope, kr_box_sl, (br, ROPE_DIM))
-        tma_ks, g_ks = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m_kv_scale, cute.make_layout((br,)), (br,)
-        )
         self.q_bytes = L.M_TILE * CONTENT_DIM + L.M_TILE * ROPE_DIM * 2
-        self.kv_bytes = L.BLOCK_N * CONTENT_DIM + L.BLOCK_N * ROPE_DIM * 2 + L.BLOCK_N * 4
+        if cutlass.const_expr(cfg.sparse):
+            # the producer gathers the KV rows with cp.async (``Producer.load_sparse``): the
+            # cache tensors go as they are, beside Q's atom in the unused atom slots
+            tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks = (
+                tma_q_nope, m_kv_content, tma_q_nope, m_kv_rope, tma_q_nope, m_kv_scale
+            )
+            self.kv_bytes = 0
+        else:
+            kv_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kv_sl, (None, None, 0)), (br, CONTENT_DIM)), (None, None, 0, 0))
+            kr_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kr_sl, (None, None, 0)), (br, ROPE_DIM)), (None, None, 0, 0))
+            tma_kv, g_kv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_content, kv_box_sl, (br, CONTENT_DIM))
+            tma_kr, g_kr = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_rope, kr_box_sl, (br, ROPE_DIM))
+            tma_ks, g_ks = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), m_kv_scale, cute.make_layout((br,)), (br,)
+            )
+            self.kv_bytes = L.BLOCK_N * CONTENT_DIM + L.BLOCK_N * ROPE_DIM * 2 + L.BLOCK_N * 4
 
-        SharedStorage = shared_storage(cfg, self.threads, self.scale_stride, self.n_sub, q_nope_sl, q_rope_sl, kv_sl,
+        SharedStorage = shared_storage(cfg, self.threads, self.scale_stride, self.n_scale, q_nope_sl, q_rope_sl, kv_sl,
                                        kr_sl, p_sl)
         self.shared_storage = SharedStorage
         self.kv_smem_bytes = cute.cosize(kv_sl)
@@ -202,13 +213,14 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         ).make_participants()
         kv_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.kv_mbar.data_ptr(), num_stages=cfg.kv_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            # sparse: every producer thread arrives when its cp.async copies land
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, roles.THREADS_PER_WG if cfg.sparse else 1),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
             tx_count=self.kv_bytes, defer_sync=True,
         )
         kv_prod, _ = kv_pipe.make_participants()
-        smem = SmemTensors.make(storage, cfg, self.scale_stride, self.n_sub, q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl)
-        ring = KVRing(cfg.kv_stages, kv_pipe)
+        smem = SmemTensors.make(storage, cfg, self.scale_stride, self.n_scale, q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl)
+        ring = KVRing(cfg.kv_stages, kv_pipe, cfg.sparse)
         handshake = TransposerHandshake(
             ring, storage.qk_mbar.data_ptr(), storage.vt_mbar.data_ptr(),
             storage.vt_valid.get_tensor(cute.make_layout((cfg.kv_stages,))),
@@ -231,7 +243,10 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
-            if warp_idx == 0:
+            if cutlass.const_expr(cfg.sparse):
+                work = PartWork.read(smem.plan, m_seqlens)
+                self.load_sparse(tma, smem, m_block_table, kv_pipe, q_prod, m_tile, work, warp_idx)
+            elif warp_idx == 0:
                 work = PartWork.read(smem.plan, m_seqlens)
                 self.load(tma, smem, m_block_table, m_seqlens, q_prod, kv_prod, m_tile, work)
         else:

@@ -42,7 +42,7 @@ class PartWork:
         across it would be spilled to local memory)."""
         begin_req = s_plan[0]
         n_reqs = Int32(0)
-        if begin_req < m_seqlens.shape[0]:
+        if begin_req < cute.size(m_seqlens):
             n_reqs = s_plan[2] - begin_req + 1
         return PartWork(s_plan, m_seqlens, begin_req, s_plan[1], s_plan[2], s_plan[3], s_plan[4], n_reqs)
 
@@ -107,7 +107,7 @@ class Planner:
         code) into ``s_plan``, plus the split rows of its first and last request. CTA (0, 0)
         also writes ``split_offsets`` and every m-tile-0 CTA its ``sched`` row, so the
         metadata shows the plan that ran."""
-        batch = m_seqlens.shape[0]
+        batch = cute.size(m_seqlens)
         num_parts = m_sched.shape[0]
         words = cute.recast_ptr(scratch_ptr, dtype=Int32)
         s_pre = cute.make_tensor(words, cute.make_layout((MAX_BATCH + 1,)))

@@ -14,12 +14,15 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+import cutlass.pipeline as pipeline
+from cutlass import Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
-from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
+from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
+from snapmla_cute.kernels import ptx
 from snapmla_cute.kernels.decode.config import OOB_PAGE
 from snapmla_cute.layouts import smem as L
+from snapmla_cute.pipelines import roles
 
 
 @dataclass(frozen=True)
@@ -111,3 +114,134 @@ class Producer:
                     cute.copy(tma_ks, tks_g[(None, tile, page)], tks_s[(None, sub, hk.index)], tma_bar_ptr=hk.barrier)
                 if r == 0 and blk == blk_lo and lane == 0:
                     self.tracer.stamp("kv_issued")
+
+    @cute.jit
+    def load_sparse(self, tma: TmaLoads, smem, m_indices, kv_pipe, q_prod, m_tile, work, warp):
+        """The sparse decode's producer, the whole warpgroup: gather warp ``warp`` loads tokens
+        ``16·warp .. 16·warp + 15`` of every KV block with cp.async, which writes each
+        16-byte chunk where the block's Swizzle-128B tile puts it (a one-row TMA box lands
+        in the swizzle phase of an 8-row box, so 7 rows of 8 come out permuted: measured).
+        Per token: the slot id from the request's index list, its 512 content bytes (one
+        chunk per lane), its 128 RoPE bytes and 4 scale bytes. A list position past the
+        list's length, -1, or an id outside the cache reads nothing: zero-filled, so its
+        scale is 0, the consumers' mark of a masked key (a written slot's scale is > 0).
+        Each thread's copies arrive on the stage's full barrier when they land
+        (``cp.async.mbarrier.arrive.noinc``, 128 arrivals); warp 0 also loads Q by TMA.
+        A block's ids are loaded one block ahead, so their latency overlaps the stage wait."""
+        cfg = self.cfg
+        per_warp = L.BLOCK_N // (roles.THREADS_PER_WG // 32)
+        tma_q_nope, g_q_nope = tma.q_nope
+        tma_q_rope, g_q_rope = tma.q_rope
+        tq_s, tq_g = cpasync.tma_partition(
+            tma_q_nope, 0, cute.make_layout(1), cute.group_modes(smem.q_nope, 0, 2),
+            cute.group_modes(cute.flat_divide(g_q_nope, (L.M_TILE, CONTENT_DIM)), 0, 2),
+        )
+        tqr_s, tqr_g = cpasync.tma_partition(
+            tma_q_rope, 0, cute.make_layout(1), cute.group_modes(smem.q_rope, 0, 2),
+            cute.group_modes(cute.flat_divide(g_q_rope, (L.M_TILE, ROPE_DIM)), 0, 2),
+        )
+        g_kv = tma.kv[1]  # e4m3 (1, 512, slots): the cache rows, read by cp.async
+        g_ks = tma.ks[1]  # fp32 (1, slots)
+        lane = cute.arch.lane_idx()
+        topk = m_indices.shape[1]
+        num_slots = g_ks.shape[1]
+        ring = KVRingProducer(cfg.kv_stages, kv_pipe)
+        g = Int32(0)  # the part's KV blocks so far (stage and phase)
+        plan = smem.plan
+        for r in cutlass.range(work.n_reqs, unroll=1):
+            # the plan's words re-read per request (24 registers: kept live, they spilled)
+            req = plan[0] + r
+            seqlen = work.m_seqlens[req]
+            blk_lo = Int32(0)
+            if r == 0:
+                blk_lo = plan[1]
+            blk_hi = (seqlen + L.BLOCK_N - 1) // L.BLOCK_N
+            if req == plan[2]:
+                blk_hi = plan[3]
+            seqlen = min(seqlen, topk)
+            if warp == 0:
+                hq = q_prod.acquire_and_advance()
+                cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+                cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            nxt = self.gather_id(m_indices, req, blk_lo * L.BLOCK_N + warp * per_warp + lane, seqlen, num_slots,
+                                 lane < per_warp)
+            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                slot = nxt
+                if blk + 1 < blk_hi:
+                    nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
+                                         num_slots, lane < per_warp)
+                stage = ring.wait_free(g)
+                self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
+                ptx.cp_async_arrive_noinc(ring.full_addr(stage))
+                g += 1
+
+    @cute.jit
+    def gather_block(self, smem, g_kv, g_ks, slot, stage, warp, lane, per_warp: cutlass.Constexpr):
+        """This warp's tokens of one block into KV stage ``stage``: lane l holds token
+        ``16·warp + l``'s slot (``OOB_PAGE``: no token)."""
+        row_bytes = KV_ROW_BYTES
+        base = g_kv.iterator.toint()
+        kv_stage = smem.kv_addr() + stage * (L.BLOCK_N * CONTENT_DIM)
+        kr_stage = smem.storage.k_rope.data_ptr().toint() + stage * (L.BLOCK_N * ROPE_DIM * 2)
+        # content: one token per step, one 16-byte chunk per lane (a coalesced 512-byte row)
+        for t in cutlass.range(per_warp, unroll=self.cfg.gather_unroll):
+            src, nb = self.src_of(cute.arch.shuffle_sync(slot, t), 16)
+            row = warp * per_warp + t
+            gaddr = base + Int64(src) * row_bytes + lane * 16
+            ptx.cp_async(kv_stage + L.content_offset(row, lane * 16), gaddr, 16, nb)
+        # RoPE: 8 chunks per token, 4 tokens per step
+        for k in cutlass.range_constexpr(per_warp * 8 // 32):
+            t = k * 4 + lane // 8
+            c = lane % 8
+            src, nb = self.src_of(cute.arch.shuffle_sync(slot, t), 16)
+            row = warp * per_warp + t
+            gaddr = base + Int64(src) * row_bytes + CONTENT_DIM + c * 16
+            ptx.cp_async(kr_stage + L.rope_offset(row, c * 8), gaddr, 16, nb)
+        # scales (0 for no token)
+        if lane < per_warp:
+            src, nb = self.src_of(slot, 4)
+            saddr = g_ks.iterator.toint() + Int64(src) * 4
+            dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + warp * per_warp + lane) * 4
+            ptx.cp_async(dst, saddr, 4, nb)
+
+    @cute.jit
+    def src_of(self, slot, nbytes: cutlass.Constexpr):
+        """(slot to read, bytes to read): (0, 0) for no token (a zero-filled copy)."""
+        src = Int32(0)
+        nb = Int32(0)
+        if slot != OOB_PAGE:
+            src = slot
+            nb = Int32(nbytes)
+        return src, nb
+
+    @cute.jit
+    def gather_id(self, m_indices, req, pos, seqlen, num_slots, lane_used):
+        """The slot id at list position ``pos`` of request ``req``, or ``OOB_PAGE``: past the
+        list's length (at most its ``topk`` entries), -1, or outside the cache (never
+        dereferenced)."""
+        slot = Int32(OOB_PAGE)
+        if lane_used and pos < seqlen:
+            v = m_indices[req, pos]
+            if v >= 0 and v < num_slots:
+                slot = v
+        return slot
+
+
+@dataclass(frozen=True)
+class KVRingProducer:
+    """The KV ring from a gathering thread's side: block g's stage once it is free, and the
+    stage's full barrier (128 arrivals: one per thread, when its copies land)."""
+
+    stages: int
+    pipe: object
+
+    @cute.jit
+    def wait_free(self, g):
+        S = self.stages
+        index = g % S
+        phase = ((g // S) & 1) ^ 1  # a producer waits the empty barrier's previous phase
+        self.pipe.sync_object_empty.wait(index, phase)
+        return index
+
+    def full_addr(self, index):
+        return self.pipe.sync_object_full.get_barrier(index).toint()

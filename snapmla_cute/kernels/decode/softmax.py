@@ -96,7 +96,8 @@ class OnlineSoftmax:
         bit-equal to the max of the rounded s) and 2^(s-m) takes t·q_fac - m as one FFMA.
         ``masked`` (a request's last block, or causal rows): columns past a row's visible
         length get t = -inf and σ_k = 0 (those slots may hold NaN; their P is 0, and 0·0
-        keeps P' clean without a per-element test); whole blocks skip both. ``mark``: ``DecodeConfig.trace_loop``'s
+        keeps P' clean without a per-element test); whole blocks skip both. Sparse: a key
+        the producer zero-filled (σ_k = 0) gets t = -inf in every block. ``mark``: ``DecodeConfig.trace_loop``'s
         stamp for the phases."""
         rows_per_thr = cute.size(c_s_mn, mode=[0])
         cols_per_thr = cute.size(c_s_mn, mode=[1])
@@ -105,9 +106,18 @@ class OnlineSoftmax:
         row_sum = self.row_sum
         sigma_p = self.sigma_p
         ks = cute.make_rmem_tensor((cols_per_thr,), Float32)
+        bias = [None] * cols_per_thr
         for j in cutlass.range_constexpr(cols_per_thr):
             c = c_s_mn[0, j][1]
             ks[j] = ks_pre[j]
+            if cutlass.const_expr(self.cfg.sparse):
+                # a masked key of the index list (zero-filled: σ_k = 0; a written slot's is
+                # > 0): t = acc·0 - inf
+                bj = Float32(0.0)
+                if ks_pre[j] <= Float32(0.0):
+                    ks[j] = 0.0
+                    bj = -Float32.inf
+                bias[j] = bj
             if cutlass.const_expr(masked):
                 if c >= valid:
                     ks[j] = 0.0
@@ -120,6 +130,8 @@ class OnlineSoftmax:
             ts = []
             for j in cutlass.range_constexpr(cols_per_thr):
                 t = acc_s_mn[i, j] * ks[j]
+                if cutlass.const_expr(self.cfg.sparse):
+                    t = t + bias[j]  # + 0 leaves acc·σ_k as it is
                 if cutlass.const_expr(masked):
                     if c_s_mn[i, j][1] >= lim:
                         t = -Float32.inf

@@ -126,3 +126,114 @@ class DecodeStepQuantKernel(DecodeStepKernel):
             self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
             m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
         )
+
+
+@dataclass(frozen=True)
+class DecodeSparseStepConfig:
+    """The sparse step: ``decode`` is the kernel's config (``sparse``, one query token per
+    kernel request), ``s_q`` the query tokens per request of the call."""
+
+    decode: DecodeConfig
+    s_q: int
+
+
+class DecodeSparseStepKernel:
+    """One sparse decode step, one launch: each (request, query token) of the call is one
+    kernel request whose "block table" is its index list (slot ids, ``page_size`` 1)."""
+
+    def __init__(self, cfg: DecodeSparseStepConfig):
+        self.cfg = cfg
+        self.decode = DecodeKernel(cfg.decode)
+
+    @cute.jit
+    def __call__(
+        self,
+        m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512]
+        m_q_rope: cute.Tensor,  # bf16 [b, s_q, h, 64]
+        m_q_scale: cute.Tensor,  # fp32 [b, s_q, h]
+        m_indices: cute.Tensor,  # int32 [b, s_q, topk]
+        m_lengths: cute.Tensor,  # int32 [b]: list entries that count per request
+        m_out: cute.Tensor,  # bf16 [b, s_q, h, 512]
+        m_lse: cute.Tensor,  # fp32 [b, h, s_q]
+        m_kv: cute.Tensor,  # uint8 [slots, 640]
+        m_kv_scale: cute.Tensor,  # fp32 [slots]
+        m_sched: cute.Tensor,  # int32 [parts, 8]
+        m_split_heads: cute.Tensor,  # int32 [b, s_q]: the first b·s_q of split_offsets' b·s_q + 1
+        m_o_partial: cute.Tensor,  # fp32 [splits, h, 512]
+        m_lse_partial: cute.Tensor,  # fp32 [splits, h]
+        m_counters: cute.Tensor,  # int32 [b, s_q, 2 * m_tiles], zero between calls
+        scale_log2: cutlass.Float32,
+        stream,
+    ):
+        h = self.cfg.decode.heads
+        s_q = self.cfg.s_q
+        b = m_q_nope.shape[0]
+        n = b * s_q  # kernel requests: request-major, then query token
+        topk = m_indices.shape[2]
+        slots = m_kv.shape[0]
+        splits = m_o_partial.shape[0]
+        row = KV_ROW_BYTES
+        m_tiles = self.cfg.decode.m_tiles
+        q_nope = _view(m_q_nope, (h, CONTENT_DIM, n), (CONTENT_DIM, 1, h * CONTENT_DIM))
+        q_rope = _view(m_q_rope, (h, ROPE_DIM, n), (ROPE_DIM, 1, h * ROPE_DIM))
+        q_scale = _view(m_q_scale, (h, n), (1, h))
+        kv_content = _view(m_kv, (1, CONTENT_DIM, slots), (row, 1, row))
+        kv_rope = _view(m_kv, (1, ROPE_DIM, slots), (row // 2, 1, row // 2), BFloat16, CONTENT_DIM)
+        kv_scale = _view(m_kv_scale, (1, slots), (1, 1))
+        table = _view(m_indices, (n, topk), (topk, 1))
+        # kernel request k = i·s_q + t reads request i's length: a stride-0 mode over t
+        lengths = _view(m_lengths, ((s_q, b),), ((0, 1),))
+        out_d = _view(m_out, (h, CONTENT_DIM, n), (CONTENT_DIM, 1, h * CONTENT_DIM))
+        lse_d = _view(m_lse, ((s_q, b), h, 1), ((1, h * s_q), s_q, 1))
+        o_part_d = _view(m_o_partial, (h, CONTENT_DIM, splits), (CONTENT_DIM, 1, h * CONTENT_DIM))
+        lse_part_d = _view(m_lse_partial, (h, splits), (1, h))
+        m_split_offsets = _view(m_split_heads, (n + 1,), (1,))
+        counters = _view(m_counters, (n, 2 * m_tiles), (2 * m_tiles, 1))
+        self.decode(
+            q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, table, lengths,
+            m_sched, m_split_offsets, out_d, lse_d, o_part_d, lse_part_d, counters, scale_log2, stream,
+        )
+
+
+class DecodeSparseStepQuantKernel(DecodeSparseStepKernel):
+    """The sparse step from a bf16 query: Fused-Q-Quant into the metadata's query buffers
+    first, then the step."""
+
+    def __init__(self, cfg: DecodeSparseStepConfig):
+        super().__init__(cfg)
+        self.quant = QuantizeQKernel()
+
+    @cute.jit
+    def __call__(
+        self,
+        m_q: cute.Tensor,  # bf16 [b, s_q, h, 576]
+        m_q_nope: cute.Tensor,
+        m_q_rope: cute.Tensor,
+        m_q_scale: cute.Tensor,
+        m_indices: cute.Tensor,
+        m_lengths: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_kv: cute.Tensor,
+        m_kv_scale: cute.Tensor,
+        m_sched: cute.Tensor,
+        m_split_heads: cute.Tensor,
+        m_o_partial: cute.Tensor,
+        m_lse_partial: cute.Tensor,
+        m_counters: cute.Tensor,
+        scale_log2: cutlass.Float32,
+        stream,
+    ):
+        n = m_q.shape[0] * self.cfg.s_q * self.cfg.decode.heads  # (token, head) rows
+        self.quant(
+            _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
+            _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
+            _view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
+            _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
+            _view(m_q_scale, (n,), (1,)),
+            stream,
+        )
+        DecodeSparseStepKernel.__call__(
+            self, m_q_nope, m_q_rope, m_q_scale, m_indices, m_lengths, m_out, m_lse, m_kv, m_kv_scale,
+            m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
+        )

@@ -18,7 +18,7 @@ from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
 
 
-def shared_storage(cfg, threads: int, scale_stride: int, n_sub: int, q_nope_sl, q_rope_sl, kv_sl, kr_sl, p_sl):
+def shared_storage(cfg, threads: int, scale_stride: int, n_scale: int, q_nope_sl, q_rope_sl, kv_sl, kr_sl, p_sl):
     """The ``cute.struct`` of one CTA's shared memory for ``cfg``."""
     stages = cfg.kv_stages
 
@@ -33,7 +33,7 @@ def shared_storage(cfg, threads: int, scale_stride: int, n_sub: int, q_nope_sl, 
         state: cute.struct.Align[cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE], 16]
         plan: cute.struct.MemRange[Int32, PLAN_WORDS]
         scan: cute.struct.MemRange[Int32, threads // 32]
-        k_scale: cute.struct.Align[cute.struct.MemRange[Float32, scale_stride * n_sub * stages], 128]
+        k_scale: cute.struct.Align[cute.struct.MemRange[Float32, scale_stride * n_scale * stages], 128]
         q_nope: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(q_nope_sl)], 1024]
         q_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_rope_sl)], 1024]
         kv: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(kv_sl)], 1024]
@@ -48,7 +48,7 @@ def shared_storage(cfg, threads: int, scale_stride: int, n_sub: int, q_nope_sl, 
 @dataclass(frozen=True)
 class SmemTensors:
     """Views of the allocated storage: ``q_nope``, ``q_rope``, ``kv`` (content), ``kr``
-    (RoPE), ``ks`` (scales: one 128-byte slot per TMA box), ``p``, ``vt`` (over ``kv``),
+    (RoPE), ``ks`` (scales: one 128-byte slot per TMA box, or per block), ``p``, ``vt`` (over ``kv``),
     ``state``, ``plan``; the handshake words and mbarriers stay on ``storage``. Frozen: the
     DSL passes it unchanged through the roles' run-time branches and loops."""
 
@@ -64,16 +64,17 @@ class SmemTensors:
     plan: object
 
     @classmethod
-    def make(cls, storage, cfg, scale_stride: int, n_sub: int, q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl):
+    def make(cls, storage, cfg, scale_stride: int, n_scale: int, q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl):
         q_nope = storage.q_nope.get_tensor(q_nope_sl.outer, swizzle=q_nope_sl.inner)
         q_rope = storage.q_rope.get_tensor(q_rope_sl.outer, swizzle=q_rope_sl.inner)
         kv = storage.kv.get_tensor(kv_sl.outer, swizzle=kv_sl.inner)
         kr = storage.k_rope.get_tensor(kr_sl.outer, swizzle=kr_sl.inner)
-        # TMA needs 128-byte aligned destinations: one 128-byte slot per box of scales
+        # TMA needs 128-byte aligned destinations: one 128-byte slot per box of scales (one
+        # slot of 64 per block when the producer gathers them: sparse)
         ks = storage.k_scale.get_tensor(
             cute.make_layout(
-                (cfg.box_rows, n_sub, cfg.kv_stages),
-                stride=(1, scale_stride, scale_stride * n_sub),
+                (cfg.scale_box, n_scale, cfg.kv_stages),
+                stride=(1, scale_stride, scale_stride * n_scale),
             )
         )
         p = storage.p.get_tensor(p_sl.outer, swizzle=p_sl.inner)

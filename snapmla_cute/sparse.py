@@ -1,0 +1,251 @@
+"""The sparse (top-k) FP8 decode: each query token attends to its own list of cache slots.
+
+DeepSeek-V3.2's indexed attention (DSA) picks, per query token, ``topk`` tokens of the
+request's cache; the decode reads them from the FP8 cache by slot id and runs SnapMLA's math
+over them (FP8 QK content + BF16 RoPE on one accumulator, V scale fused into P, block-wise
+P quantization). The kernel is the dense decode's (``kernels.decode``, ``sparse=True``):
+every (request, query token) is one kernel request whose list is its "block table" of
+one-token pages, gathered with one-row TMA boxes; split-KV over the lists and the merge are
+the dense decode's, in the same launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from snapmla_cute.checks import capturing as _capturing
+from snapmla_cute.checks import check_cuda as _check_cuda
+from snapmla_cute.checks import check_same_device as _check_same_device
+from snapmla_cute.checks import check_tensor as _check_tensor
+from snapmla_cute.checks import check_values as _check_values
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
+from snapmla_cute.kv_cache import FP8KVCache
+from snapmla_cute.ops import _DEFAULT_SCALE_LOG2, _LOG2E, DECODE_TUNING, _launcher, _num_sms, default_num_parts, quantize_q
+
+SPARSE_HEADS = (16, 32, 64, 128)
+SPARSE_MAX_S_Q = 4
+
+
+class SparseDecodeMetadata:
+    """The split-KV plan buffers of a sparse decode shape (batch, s_q, heads), and the
+    lengths ``topk`` used when a call gives no ``topk_length``. Made once, outside any CUDA
+    graph, by :func:`sparse_decode_metadata`; every call re-plans into the same buffers
+    inside the kernel, so a captured call replays with new indices and lengths."""
+
+    def __init__(self, batch: int, s_q: int, heads: int, topk: int, num_parts: int, device):
+        n = batch * s_q
+        m_tiles = (heads + 63) // 64
+        self.batch, self.s_q, self.heads, self.topk, self.num_parts = batch, s_q, heads, topk, num_parts
+        self.sched = torch.zeros(num_parts, 8, dtype=torch.int32, device=device)
+        self.split_offsets = torch.zeros(n + 1, dtype=torch.int32, device=device)
+        max_splits = n + num_parts
+        self.o_partial = torch.empty(max_splits, heads, CONTENT_DIM, dtype=torch.float32, device=device)
+        self.lse_partial = torch.empty(max_splits, heads, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(batch, s_q, 2 * m_tiles, dtype=torch.int32, device=device)
+        self.full_lengths = torch.full((batch,), topk, dtype=torch.int32, device=device)
+        self.q_args = (
+            torch.empty(batch, s_q, heads, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=device),
+            torch.empty(batch, s_q, heads, ROPE_DIM, dtype=torch.bfloat16, device=device),
+            torch.empty(batch, s_q, heads, dtype=torch.float32, device=device),
+        )
+        # the step's metadata arguments: split_offsets' first b·s_q entries as [b, s_q], so
+        # the compiled call ties the plan to the call's batch
+        self.step_args = (self.sched, self.split_offsets[:n].view(batch, s_q), self.o_partial, self.lse_partial,
+                          self.counters)
+
+
+def sparse_decode_metadata(
+    batch: int, s_q: int, heads: int, topk: int, *, device=None, num_parts: int | None = None
+) -> SparseDecodeMetadata:
+    """The plan buffers for ``mla_decode_sparse`` at (batch, s_q, heads) with index lists of
+    ``topk`` entries. ``num_parts`` CTAs per 64-head tile share the lists' blocks (default:
+    the dense decode's rule over batch·s_q lists; at most SMs / tiles, the launch is
+    cooperative)."""
+    from snapmla_cute.kernels.decode import MERGE_MAX_SPLITS
+    from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
+
+    device = torch.device("cuda") if device is None else torch.device(device)
+    for name, v, lo, hi in (("batch", batch, 1, MAX_BATCH // max(1, s_q)), ("s_q", s_q, 1, SPARSE_MAX_S_Q),
+                            ("topk", topk, 1, 1 << 30)):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
+    if heads not in SPARSE_HEADS:
+        raise ValueError(f"heads: expected one of {SPARSE_HEADS}, got {heads!r}")
+    if device.type != "cuda":
+        raise ValueError(f"device: expected a CUDA device, got {device}")
+    m_tiles = (heads + 63) // 64
+    slots = max(1, min(_num_sms(device) // m_tiles, MERGE_MAX_SPLITS))
+    if num_parts is None:
+        num_parts = default_num_parts(batch * s_q, m_tiles, slots * m_tiles)
+    elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
+        raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
+    return SparseDecodeMetadata(batch, s_q, heads, topk, num_parts, device)
+
+
+_hot_sparse: dict = {}  # (heads, s_q, bf16 q) -> compiled sparse step
+
+
+def _sparse_launcher(heads: int, s_q: int, bf16_q: bool):
+    from snapmla_cute.kernels.decode import compile as decode_compile
+
+    tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
+
+    def make():
+        from snapmla_cute.kernels.decode import DecodeConfig
+        from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig
+
+        cfg = DecodeConfig(heads=heads, s_q=1, page_size=1, causal=False, sparse=True, **DECODE_TUNING)
+        return DecodeSparseStepConfig(cfg, s_q)
+
+    step = decode_compile.compile_sparse_q if bf16_q else decode_compile.compile_sparse
+    fn = _launcher(step, ("sparse", heads, s_q, tuning), make)
+    _hot_sparse[(heads, s_q, bf16_q)] = fn
+    return fn
+
+
+def _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale):
+    if isinstance(q, (tuple, list)):
+        bf16_q, head = False, tuple(q)
+    else:
+        bf16_q, head = True, (q, *metadata.q_args)
+    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
+    return bf16_q, (*head, indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale)
+
+
+def mla_decode_sparse(
+    q,
+    cache: FP8KVCache,
+    indices: torch.Tensor,
+    *,
+    topk_length: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    metadata: SparseDecodeMetadata | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SnapMLA FP8 sparse decode: query token t of request b attends to the cache slots
+    ``indices[b, t, :topk_length[b]]`` (all ``topk`` of them without ``topk_length``).
+
+    ``q``: bf16 ``[b, s_q, h, 576]`` or the ``quantize_q`` tuple; h in ``SPARSE_HEADS``,
+    s_q 1..``SPARSE_MAX_S_Q``. ``indices`` int32 ``[b, s_q, topk]`` (contiguous) of slot ids
+    ``page * page_size + offset``; -1 is no token; a slot listed twice counts twice.
+    ``topk_length`` int32 ``[b]``. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and ``lse`` fp32
+    ``[b, h, s_q]`` (natural log); a list with no token gives zeros and -inf.
+
+    ``check`` also reads the values back once (a sync): ids in [-1, num_slots),
+    ``topk_length`` in [0, topk], q finite. With ``check=False`` nothing is read back: an id
+    outside the cache (or < -1) is no token, a length past ``topk`` counts ``topk``; no
+    access leaves the cache or the lists. With ``check=False``, ``metadata``, ``out`` and
+    ``lse`` given, a call is one compiled call (its argument decoder checks every tensor).
+    """
+    if not check and metadata is not None and out is not None and lse is not None:
+        try:
+            lengths = metadata.full_lengths if topk_length is None else topk_length
+            bf16_q, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
+            fn = _hot_sparse[(metadata.heads, metadata.s_q, bf16_q)]
+        except (KeyError, AttributeError, TypeError):
+            fn = None
+        if fn is not None and (topk_length is not None or metadata.topk == indices.shape[-1]):
+            try:
+                fn(*args)
+            except Exception:
+                _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, out, lse)
+                raise
+            return out, lse
+    b, s_q, h, topk, q_dev = _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, out, lse)
+    bf16_q = not isinstance(q, (tuple, list))
+    if check:
+        checks = {"slots": (("indices", indices, cache.num_slots),)}
+        if topk_length is not None:
+            checks["ranges"] = (("topk_length", topk_length, 0, topk),)
+        if bf16_q:
+            checks["finite"] = (("q", q),)
+        _check_values(**checks)
+    if _capturing() and (metadata is None or out is None or lse is None):
+        raise ValueError(
+            "mla_decode_sparse under CUDA-graph capture needs metadata (from sparse_decode_metadata, made "
+            "before capture), out and lse: nothing may be allocated inside the captured region"
+        )
+    if metadata is None:
+        metadata = sparse_decode_metadata(b, s_q, h, topk, device=q_dev)
+    lengths = topk_length
+    if lengths is None:
+        if metadata.topk != topk:
+            raise ValueError(
+                f"metadata: made for topk {metadata.topk} (its lengths when topk_length is None), got indices with topk {topk}"
+            )
+        lengths = metadata.full_lengths
+    if out is None:
+        out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=q_dev)
+    if lse is None:
+        lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
+    _, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
+    _sparse_launcher(h, s_q, bf16_q)(*args)
+    return out, lse
+
+
+def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, out, lse):
+    """Every structural check of a sparse call (no host sync). Returns ``(b, s_q, h, topk, device)``."""
+    if isinstance(q, (tuple, list)):
+        if len(q) != 3:
+            raise ValueError(f"q: expected (q_nope, q_rope, q_scale), got {len(q)} tensors")
+        q_nope, q_rope, q_scale = q
+        _check_tensor("q_nope", q_nope, torch.float8_e4m3fn, dim=4, last=CONTENT_DIM)
+        _check_tensor("q_rope", q_rope, torch.bfloat16, dim=4, last=ROPE_DIM)
+        _check_tensor("q_scale", q_scale, torch.float32, dim=3)
+        if q_rope.shape[:3] != q_nope.shape[:3] or q_scale.shape != q_nope.shape[:3]:
+            raise ValueError(
+                f"q: shapes disagree: q_nope {tuple(q_nope.shape)}, q_rope {tuple(q_rope.shape)}, q_scale {tuple(q_scale.shape)}"
+            )
+        _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
+        _check_same_device(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
+        b, s_q, h, _ = q_nope.shape
+        q_dev = q_nope.device
+    else:
+        _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
+        _check_cuda(q=q)
+        b, s_q, h, _ = q.shape
+        q_dev = q.device
+    if not isinstance(cache, FP8KVCache):
+        raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
+    if h not in SPARSE_HEADS:
+        raise ValueError(f"q: expected heads in {SPARSE_HEADS}, got {h}")
+    if not 1 <= s_q <= SPARSE_MAX_S_Q:
+        raise ValueError(f"q: expected s_q in [1, {SPARSE_MAX_S_Q}], got {s_q}")
+    if b < 1:
+        raise ValueError(f"q: expected a batch of at least 1, got {b}")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    _check_tensor("indices", indices, torch.int32, dim=3)
+    if tuple(indices.shape[:2]) != (b, s_q) or indices.shape[2] < 1:
+        raise ValueError(f"indices: expected shape ({b}, {s_q}, topk >= 1), got {tuple(indices.shape)}")
+    topk = indices.shape[2]
+    _check_cuda(indices=indices, cache=cache.kv)
+    _check_same_device(q=q_dev, cache=cache.kv, indices=indices)
+    if topk_length is not None:
+        _check_tensor("topk_length", topk_length, torch.int32, dim=1)
+        if topk_length.shape[0] != b:
+            raise ValueError(f"topk_length: expected shape ({b},), got {tuple(topk_length.shape)}")
+        _check_same_device(q=q_dev, topk_length=topk_length)
+    if out is not None:
+        _check_tensor("out", out, torch.bfloat16, dim=4)
+        if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
+            raise ValueError(f"out: expected shape {(b, s_q, h, CONTENT_DIM)}, got {tuple(out.shape)}")
+        _check_same_device(q=q_dev, out=out)
+    if lse is not None:
+        _check_tensor("lse", lse, torch.float32, dim=3)
+        if tuple(lse.shape) != (b, h, s_q):
+            raise ValueError(f"lse: expected shape {(b, h, s_q)}, got {tuple(lse.shape)}")
+        _check_same_device(q=q_dev, lse=lse)
+    if metadata is not None:
+        if not isinstance(metadata, SparseDecodeMetadata):
+            raise TypeError(
+                f"metadata: expected SparseDecodeMetadata (from sparse_decode_metadata), got {type(metadata).__name__}"
+            )
+        if (metadata.batch, metadata.s_q, metadata.heads) != (b, s_q, h):
+            raise ValueError(
+                f"metadata: made for (batch, s_q, heads) = {(metadata.batch, metadata.s_q, metadata.heads)}, got {(b, s_q, h)}"
+            )
+        _check_same_device(q=q_dev, metadata=metadata.sched)
+    return b, s_q, h, topk, q_dev
