@@ -44,27 +44,35 @@ def _dense_us(b, h, topk, page_size):
     return time_us(lambda: mla_decode(qq, cache, bt, lens, metadata=md, out=out, lse=lse, check=False))
 
 
+def sparse_case(b, h, s_q, topk, s_k, page_size: int = 64):
+    """A bench case: a cache of b requests of ``s_k`` tokens (random content, slots shuffled),
+    each query token with ``topk`` distinct random slots of its own request, as an indexer
+    gives. Returns ``(cache, q, quantized q, indices, metadata)``."""
+    from snapmla_cute import FP8KVCache, append_kv, quantize_q, sparse_decode_metadata
+
+    pages = b * ((s_k + page_size - 1) // page_size)
+    cache = FP8KVCache.allocate(pages, page_size)
+    kv = (torch.randn(pages * page_size, 576, device="cuda") / 10).clamp(-1, 1).to(torch.bfloat16)
+    append_kv(cache, kv, torch.randperm(pages * page_size, device="cuda"), check=False)
+    # request i owns slots [i·s_k', (i+1)·s_k'); each query token picks topk distinct ones
+    per = pages * page_size // b
+    pick = torch.rand(b, s_q, per, device="cuda").argsort(dim=-1)[..., :topk]
+    indices = (pick + torch.arange(b, device="cuda").view(b, 1, 1) * per).to(torch.int32).contiguous()
+    q = torch.randn(b, s_q, h, 576, device="cuda").to(torch.bfloat16)
+    return cache, q, quantize_q(q), indices, sparse_decode_metadata(b, s_q, h, topk)
+
+
 def bench_sparse(shapes=SPARSE_SHAPES, page_size: int = 64, verify: bool = True, dense: bool = True) -> list[dict]:
     """Times ``mla_decode_sparse`` (quantized q, reused metadata, CUDA-graph replay); checks two
     query tokens of each shape against the emulation first."""
-    from snapmla_cute import FP8KVCache, anchors, append_kv, mla_decode_sparse, quantize_q, sparse_decode_metadata
+    from snapmla_cute import anchors, mla_decode_sparse
     from snapmla_cute import reference as ref
 
     kind = anchors.device_kind(torch.cuda.get_device_name())
     copy_tbps = measure_copy_tbps()
     rows = []
     for b, h, s_q, topk, s_k in shapes:
-        pages = b * ((s_k + page_size - 1) // page_size)
-        cache = FP8KVCache.allocate(pages, page_size)
-        kv = (torch.randn(pages * page_size, 576, device="cuda") / 10).clamp(-1, 1).to(torch.bfloat16)
-        append_kv(cache, kv, torch.randperm(pages * page_size, device="cuda"), check=False)
-        # request i owns slots [i·s_k', (i+1)·s_k'); each query token picks topk distinct ones
-        per = pages * page_size // b
-        pick = torch.rand(b, s_q, per, device="cuda").argsort(dim=-1)[..., :topk]
-        indices = (pick + torch.arange(b, device="cuda").view(b, 1, 1) * per).to(torch.int32).contiguous()
-        q = torch.randn(b, s_q, h, 576, device="cuda").to(torch.bfloat16)
-        qq = quantize_q(q)
-        md = sparse_decode_metadata(b, s_q, h, topk)
+        cache, q, qq, indices, md = sparse_case(b, h, s_q, topk, s_k, page_size)
         out, lse = mla_decode_sparse(qq, cache, indices, metadata=md)
         if verify:
             n = min(b, 2)
@@ -93,5 +101,5 @@ def bench_sparse(shapes=SPARSE_SHAPES, page_size: int = 64, verify: bool = True,
             x_dense=round(us / dense_us, 2) if dense_us else None,
             met=bool(fm and us * 1.5 <= fm and (dense_us is None or us <= 1.15 * dense_us)),
         ))
-        del cache, kv
+        del cache
     return rows

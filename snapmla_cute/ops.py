@@ -428,9 +428,9 @@ def mla_decode(
     return out, lse
 
 
-def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse):
-    """Every structural check of a decode call (no host sync); raises with what was expected
-    and what came. Returns ``(b, s_q, h, device)``."""
+def _validate_query(q, cache, heads: tuple, max_s_q: int):
+    """The query (bf16 tensor or quantized tuple) and cache checks shared by the dense and
+    sparse decodes. Returns ``(b, s_q, h, device)``."""
     if isinstance(q, (tuple, list)):
         if len(q) != 3:
             raise ValueError(f"q: expected (q_nope, q_rope, q_scale), got {len(q)} tensors")
@@ -453,20 +453,15 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
         q_dev = q.device
     if not isinstance(cache, FP8KVCache):
         raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
-    if h not in HEADS:
-        raise ValueError(f"q: expected heads in {HEADS}, got {h}")
-    if not 1 <= s_q <= MAX_S_Q:
-        raise ValueError(f"q: expected s_q in [1, {MAX_S_Q}], got {s_q}")
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    _check_tensor("block_table", block_table, torch.int32, dim=2, rows_strided=True)
-    _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
-    if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
-        raise ValueError(
-            f"block_table/cache_seqlens: expected batch {b}, got {block_table.shape[0]} and {cache_seqlens.shape[0]}"
-        )
-    _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
-    _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
+    if h not in heads:
+        raise ValueError(f"q: expected heads in {heads}, got {h}")
+    if not 1 <= s_q <= max_s_q:
+        raise ValueError(f"q: expected s_q in [1, {max_s_q}], got {s_q}")
+    return b, s_q, h, q_dev
+
+
+def _validate_outputs(out, lse, b, s_q, h, q_dev):
+    """``out`` bf16 [b, s_q, h, 512] and ``lse`` fp32 [b, h, s_q] on q's device, if given."""
     if out is not None:
         _check_tensor("out", out, torch.bfloat16, dim=4)
         if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
@@ -479,6 +474,23 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
             raise ValueError(f"lse: expected shape {(b, h, s_q)}, got {tuple(lse.shape)}")
         _check_cuda(lse=lse)
         _check_same_device(q=q_dev, lse=lse)
+
+
+def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse):
+    """Every structural check of a decode call (no host sync); raises with what was expected
+    and what came. Returns ``(b, s_q, h, device)``."""
+    b, s_q, h, q_dev = _validate_query(q, cache, HEADS, MAX_S_Q)
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    _check_tensor("block_table", block_table, torch.int32, dim=2, rows_strided=True)
+    _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
+    if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
+        raise ValueError(
+            f"block_table/cache_seqlens: expected batch {b}, got {block_table.shape[0]} and {cache_seqlens.shape[0]}"
+        )
+    _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
+    _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
+    _validate_outputs(out, lse, b, s_q, h, q_dev)
     if metadata is not None:
         if not isinstance(metadata, DecodeMetadata):
             raise TypeError(f"metadata: expected DecodeMetadata (from decode_metadata), got {type(metadata).__name__}")

@@ -5,7 +5,7 @@ request's cache; the decode reads them from the FP8 cache by slot id and runs Sn
 over them (FP8 QK content + BF16 RoPE on one accumulator, V scale fused into P, block-wise
 P quantization). The kernel is the dense decode's (``kernels.decode``, ``sparse=True``):
 every (request, query token) is one kernel request whose list is its "block table" of
-one-token pages, gathered with one-row TMA boxes; split-KV over the lists and the merge are
+one-token pages, gathered with cp.async into the Swizzle-128B tiles; split-KV over the lists and the merge are
 the dense decode's, in the same launch.
 """
 
@@ -18,9 +18,18 @@ from snapmla_cute.checks import check_cuda as _check_cuda
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
-from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
+from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kv_cache import FP8KVCache
-from snapmla_cute.ops import _DEFAULT_SCALE_LOG2, _LOG2E, DECODE_TUNING, _launcher, _num_sms, default_num_parts, quantize_q
+from snapmla_cute.ops import (
+    _DEFAULT_SCALE_LOG2,
+    _LOG2E,
+    DECODE_TUNING,
+    _launcher,
+    _num_sms,
+    _validate_outputs,
+    _validate_query,
+    default_num_parts,
+)
 
 SPARSE_HEADS = (16, 32, 64, 128)
 SPARSE_MAX_S_Q = 4
@@ -48,10 +57,27 @@ class SparseDecodeMetadata:
             torch.empty(batch, s_q, heads, ROPE_DIM, dtype=torch.bfloat16, device=device),
             torch.empty(batch, s_q, heads, dtype=torch.float32, device=device),
         )
+        self._set_step_args()
+
+    def _set_step_args(self):
         # the step's metadata arguments: split_offsets' first b·s_q entries as [b, s_q], so
         # the compiled call ties the plan to the call's batch
-        self.step_args = (self.sched, self.split_offsets[:n].view(batch, s_q), self.o_partial, self.lse_partial,
-                          self.counters)
+        n = self.batch * self.s_q
+        self.step_args = (self.sched, self.split_offsets[:n].view(self.batch, self.s_q), self.o_partial,
+                          self.lse_partial, self.counters)
+
+    @classmethod
+    def from_buffers(cls, sched, split_offsets, o_partial, lse_partial, counters, full_lengths, *, s_q: int,
+                     heads: int, topk: int) -> "SparseDecodeMetadata":
+        """Wraps buffers made by an earlier ``sparse_decode_metadata`` (the custom-op path);
+        ``full_lengths`` stands for the lengths of a call without ``topk_length``."""
+        md = cls.__new__(cls)
+        md.batch, md.s_q, md.heads, md.topk = (split_offsets.shape[0] - 1) // s_q, s_q, heads, topk
+        md.num_parts = sched.shape[0]
+        md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
+        md.counters, md.full_lengths, md.q_args = counters, full_lengths, None
+        md._set_step_args()
+        return md
 
 
 def sparse_decode_metadata(
@@ -187,32 +213,7 @@ def mla_decode_sparse(
 
 def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, out, lse):
     """Every structural check of a sparse call (no host sync). Returns ``(b, s_q, h, topk, device)``."""
-    if isinstance(q, (tuple, list)):
-        if len(q) != 3:
-            raise ValueError(f"q: expected (q_nope, q_rope, q_scale), got {len(q)} tensors")
-        q_nope, q_rope, q_scale = q
-        _check_tensor("q_nope", q_nope, torch.float8_e4m3fn, dim=4, last=CONTENT_DIM)
-        _check_tensor("q_rope", q_rope, torch.bfloat16, dim=4, last=ROPE_DIM)
-        _check_tensor("q_scale", q_scale, torch.float32, dim=3)
-        if q_rope.shape[:3] != q_nope.shape[:3] or q_scale.shape != q_nope.shape[:3]:
-            raise ValueError(
-                f"q: shapes disagree: q_nope {tuple(q_nope.shape)}, q_rope {tuple(q_rope.shape)}, q_scale {tuple(q_scale.shape)}"
-            )
-        _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
-        _check_same_device(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
-        b, s_q, h, _ = q_nope.shape
-        q_dev = q_nope.device
-    else:
-        _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
-        _check_cuda(q=q)
-        b, s_q, h, _ = q.shape
-        q_dev = q.device
-    if not isinstance(cache, FP8KVCache):
-        raise TypeError(f"cache: expected FP8KVCache, got {type(cache).__name__}")
-    if h not in SPARSE_HEADS:
-        raise ValueError(f"q: expected heads in {SPARSE_HEADS}, got {h}")
-    if not 1 <= s_q <= SPARSE_MAX_S_Q:
-        raise ValueError(f"q: expected s_q in [1, {SPARSE_MAX_S_Q}], got {s_q}")
+    b, s_q, h, q_dev = _validate_query(q, cache, SPARSE_HEADS, SPARSE_MAX_S_Q)
     if b < 1:
         raise ValueError(f"q: expected a batch of at least 1, got {b}")
     if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
@@ -228,16 +229,7 @@ def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, ou
         if topk_length.shape[0] != b:
             raise ValueError(f"topk_length: expected shape ({b},), got {tuple(topk_length.shape)}")
         _check_same_device(q=q_dev, topk_length=topk_length)
-    if out is not None:
-        _check_tensor("out", out, torch.bfloat16, dim=4)
-        if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
-            raise ValueError(f"out: expected shape {(b, s_q, h, CONTENT_DIM)}, got {tuple(out.shape)}")
-        _check_same_device(q=q_dev, out=out)
-    if lse is not None:
-        _check_tensor("lse", lse, torch.float32, dim=3)
-        if tuple(lse.shape) != (b, h, s_q):
-            raise ValueError(f"lse: expected shape {(b, h, s_q)}, got {tuple(lse.shape)}")
-        _check_same_device(q=q_dev, lse=lse)
+    _validate_outputs(out, lse, b, s_q, h, q_dev)
     if metadata is not None:
         if not isinstance(metadata, SparseDecodeMetadata):
             raise TypeError(

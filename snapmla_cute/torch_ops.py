@@ -53,6 +53,15 @@ def _(kv, kv_scale, slots):
     return slots.new_empty(slots.shape[0], HEAD_DIM, dtype=torch.bfloat16)
 
 
+def _decode_outputs_like(q_nope: Tensor) -> tuple[Tensor, Tensor]:
+    """The (out, lse) a decode of this query returns, as empty tensors (the fake kernels)."""
+    b, s_q, h, _ = q_nope.shape
+    return (
+        q_nope.new_empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16),
+        q_nope.new_empty(b, h, s_q, dtype=torch.float32),
+    )
+
+
 @torch.library.custom_op(
     "snapmla::mla_decode", mutates_args=("sched", "split_offsets", "o_partial", "lse_partial", "counters")
 )
@@ -82,11 +91,7 @@ def mla_decode(
 
 @mla_decode.register_fake
 def _(q_nope, q_rope, q_scale, kv, kv_scale, block_table, cache_seqlens, sched, split_offsets, o_partial, lse_partial, counters, softmax_scale, causal):
-    b, s_q, h, _ = q_nope.shape
-    return (
-        q_nope.new_empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16),
-        q_nope.new_empty(b, h, s_q, dtype=torch.float32),
-    )
+    return _decode_outputs_like(q_nope)
 
 
 @torch.library.custom_op(
@@ -112,15 +117,10 @@ def mla_decode_sparse(
     metadata's ``full_lengths`` as ``topk_length`` for whole lists."""
     from snapmla_cute import sparse
 
-    b, s_q, h, _ = q_nope.shape
-    md = sparse.SparseDecodeMetadata.__new__(sparse.SparseDecodeMetadata)
-    md.batch, md.s_q, md.heads, md.topk, md.num_parts = b, s_q, h, indices.shape[-1], sched.shape[0]
-    md.full_lengths = topk_length
-    md.sched, md.split_offsets, md.o_partial, md.lse_partial, md.counters = (
-        sched, split_offsets, o_partial, lse_partial, counters
+    md = sparse.SparseDecodeMetadata.from_buffers(
+        sched, split_offsets, o_partial, lse_partial, counters, topk_length,
+        s_q=q_nope.shape[1], heads=q_nope.shape[2], topk=indices.shape[-1],
     )
-    md.q_args = None
-    md.step_args = (sched, split_offsets[: b * s_q].view(b, s_q), o_partial, lse_partial, counters)
     return sparse.mla_decode_sparse(
         (q_nope, q_rope, q_scale), FP8KVCache(kv, kv_scale), indices, topk_length=topk_length,
         softmax_scale=softmax_scale, metadata=md, check=False,
@@ -129,8 +129,4 @@ def mla_decode_sparse(
 
 @mla_decode_sparse.register_fake
 def _(q_nope, q_rope, q_scale, kv, kv_scale, indices, topk_length, sched, split_offsets, o_partial, lse_partial, counters, softmax_scale):
-    b, s_q, h, _ = q_nope.shape
-    return (
-        q_nope.new_empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16),
-        q_nope.new_empty(b, h, s_q, dtype=torch.float32),
-    )
+    return _decode_outputs_like(q_nope)

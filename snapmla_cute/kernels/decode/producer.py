@@ -43,26 +43,31 @@ class TmaLoads:
 class Producer:
     """The producer role (warp 0 of warpgroup 0); a mixin of ``DecodeKernel``."""
 
+    def q_partitions(self, tma: TmaLoads, smem):
+        """The TMA partitions of a request's Q tile (64 rows x dims, content and RoPE):
+        ``(smem, gmem)`` pairs, built once per part at trace time."""
+        tma_q_nope, g_q_nope = tma.q_nope
+        tma_q_rope, g_q_rope = tma.q_rope
+        tq = cpasync.tma_partition(
+            tma_q_nope, 0, cute.make_layout(1), cute.group_modes(smem.q_nope, 0, 2),
+            cute.group_modes(cute.flat_divide(g_q_nope, (L.M_TILE, CONTENT_DIM)), 0, 2),
+        )
+        tqr = cpasync.tma_partition(
+            tma_q_rope, 0, cute.make_layout(1), cute.group_modes(smem.q_rope, 0, 2),
+            cute.group_modes(cute.flat_divide(g_q_rope, (L.M_TILE, ROPE_DIM)), 0, 2),
+        )
+        return tq, tqr
+
     @cute.jit
     def load(self, tma: TmaLoads, smem, m_block_table, m_seqlens, q_prod, kv_prod, m_tile, work):
         """Q and the KV blocks of every request segment of ``work`` (a ``PartWork``), in order,
         through the one-stage Q pipeline ``q_prod`` and the KV ring's ``kv_prod``."""
         cfg = self.cfg
         br = cfg.box_rows
-        tma_q_nope, g_q_nope = tma.q_nope
-        tma_q_rope, g_q_rope = tma.q_rope
         tma_kv, g_kv = tma.kv
         tma_kr, g_kr = tma.kr
         tma_ks, g_ks = tma.ks
-        # Q tiles (64 rows x dims) per request
-        tq_s, tq_g = cpasync.tma_partition(
-            tma_q_nope, 0, cute.make_layout(1), cute.group_modes(smem.q_nope, 0, 2),
-            cute.group_modes(cute.flat_divide(g_q_nope, (L.M_TILE, CONTENT_DIM)), 0, 2),
-        )
-        tqr_s, tqr_g = cpasync.tma_partition(
-            tma_q_rope, 0, cute.make_layout(1), cute.group_modes(smem.q_rope, 0, 2),
-            cute.group_modes(cute.flat_divide(g_q_rope, (L.M_TILE, ROPE_DIM)), 0, 2),
-        )
+        (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions(tma, smem)
         # KV boxes of `br` tokens: smem (box, sub, stage), gmem (box, tile in page, page)
         tkv_s, tkv_g = cpasync.tma_partition(
             tma_kv, 0, cute.make_layout(1),
@@ -86,8 +91,8 @@ class Producer:
             seqlen, blk_lo, blk_hi = work.block_range(r, req)
             n_entries = (seqlen + cfg.page_size - 1) // cfg.page_size
             hq = q_prod.acquire_and_advance()
-            cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
-            cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            cute.copy(tma.q_nope[0], tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            cute.copy(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
             if r == 0 and lane == 0:
                 self.tracer.stamp("q_issued")
             # block-table entries 32 at a time, one per lane: one load latency per 32 pages
@@ -130,16 +135,7 @@ class Producer:
         A block's ids are loaded one block ahead, so their latency overlaps the stage wait."""
         cfg = self.cfg
         per_warp = L.BLOCK_N // (roles.THREADS_PER_WG // 32)
-        tma_q_nope, g_q_nope = tma.q_nope
-        tma_q_rope, g_q_rope = tma.q_rope
-        tq_s, tq_g = cpasync.tma_partition(
-            tma_q_nope, 0, cute.make_layout(1), cute.group_modes(smem.q_nope, 0, 2),
-            cute.group_modes(cute.flat_divide(g_q_nope, (L.M_TILE, CONTENT_DIM)), 0, 2),
-        )
-        tqr_s, tqr_g = cpasync.tma_partition(
-            tma_q_rope, 0, cute.make_layout(1), cute.group_modes(smem.q_rope, 0, 2),
-            cute.group_modes(cute.flat_divide(g_q_rope, (L.M_TILE, ROPE_DIM)), 0, 2),
-        )
+        (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions(tma, smem)
         g_kv = tma.kv[1]  # e4m3 (1, 512, slots): the cache rows, read by cp.async
         g_ks = tma.ks[1]  # fp32 (1, slots)
         lane = cute.arch.lane_idx()
@@ -161,8 +157,8 @@ class Producer:
             seqlen = min(seqlen, topk)
             if warp == 0:
                 hq = q_prod.acquire_and_advance()
-                cute.copy(tma_q_nope, tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
-                cute.copy(tma_q_rope, tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+                cute.copy(tma.q_nope[0], tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+                cute.copy(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
             nxt = self.gather_id(m_indices, req, blk_lo * L.BLOCK_N + warp * per_warp + lane, seqlen, num_slots,
                                  lane < per_warp)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):

@@ -27,6 +27,19 @@ from snapmla_cute.kernels.quant_q import QuantizeQKernel
 from snapmla_cute.kernels.views import view as _view
 
 
+def quantize_query(quant, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream):
+    """Fused-Q-Quant of the ``n`` (token, head) rows of a bf16 ``m_q`` [.., 576] into the
+    metadata's query buffers (called at trace time from a step's ``__call__``)."""
+    quant(
+        _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
+        _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
+        _view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
+        _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
+        _view(m_q_scale, (n,), (1,)),
+        stream,
+    )
+
+
 @dataclass(frozen=True)
 class DecodeStepConfig:
     decode: DecodeConfig
@@ -114,14 +127,7 @@ class DecodeStepQuantKernel(DecodeStepKernel):
         stream,
     ):
         n = m_q.shape[0] * self.cfg.decode.rows  # (token, head) rows
-        self.quant(
-            _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
-            _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
-            _view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
-            _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
-            _view(m_q_scale, (n,), (1,)),
-            stream,
-        )
+        quantize_query(self.quant, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream)
         DecodeStepKernel.__call__(
             self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
             m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
@@ -225,14 +231,7 @@ class DecodeSparseStepQuantKernel(DecodeSparseStepKernel):
         stream,
     ):
         n = m_q.shape[0] * self.cfg.s_q * self.cfg.decode.heads  # (token, head) rows
-        self.quant(
-            _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
-            _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
-            _view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
-            _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
-            _view(m_q_scale, (n,), (1,)),
-            stream,
-        )
+        quantize_query(self.quant, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream)
         DecodeSparseStepKernel.__call__(
             self, m_q_nope, m_q_rope, m_q_scale, m_indices, m_lengths, m_out, m_lse, m_kv, m_kv_scale,
             m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
