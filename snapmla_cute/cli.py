@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -43,6 +44,19 @@ def _bench(args):
     print(f"device: {name}; anchor copy bandwidth {tbps} TB/s (tables use the copy measured now)")
     if args.what == "fused":
         print_table(bench_fused(tokens=args.tokens, page_size=args.page_size), json_path=args.json)
+    elif args.what == "cp":
+        import torch.distributed as dist
+
+        from snapmla_cute.bench_cp import bench_cp
+
+        if "LOCAL_RANK" in os.environ and not dist.is_initialized():  # under torchrun
+            import torch
+
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            dist.init_process_group("nccl")
+        rows = bench_cp(page_size=args.page_size)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print_table(rows, json_path=args.json)
     elif args.what == "sparse":
         from snapmla_cute.bench_sparse import bench_sparse
 
@@ -163,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_compile)
 
     b = sub.add_parser("bench", help="time the kernels on the GPU and print a table")
-    b.add_argument("what", nargs="?", choices=["decode", "fused", "sparse"], default="decode")
+    b.add_argument("what", nargs="?", choices=["decode", "fused", "sparse", "cp"], default="decode")
     b.add_argument("--tokens", type=int, nargs="+", default=[1 << 16, 1 << 20, 1 << 22])
     b.add_argument("--page-size", type=int, default=64)
     b.add_argument("--json", help="also write the rows as JSON here")

@@ -74,7 +74,20 @@ def all_variants(full: bool = True) -> list[tuple]:
     # what mla_decode_sparse launches, at every head count (the call's s_q changes only views)
     out += [(dc.SPARSE_NAME, dc.compile_sparse, c) for c in sparse_variants()]
     out += [(dc.SPARSE_Q_NAME, dc.compile_sparse_q, sparse_variants()[-1])]
+    # the context-parallel decode: a shard's step (causal by visible-key counts) and the merge
+    out += [(dc.STEP_NAME, dc.compile_step, c) for c in visible_variants()]
+    from snapmla_cute.kernels import lse_merge
+
+    out += [(lse_merge.NAME, lse_merge.compile, lse_merge.LseMergeConfig(s, h)) for s, h in ((1, 128), (8, 8), (4, 16))]
     return out
+
+
+def visible_variants() -> list:
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.kernels.decode.step import DecodeStepConfig
+
+    return [DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=64, causal=True, visible=True))
+            for h, s in ((128, 2), (16, 4), (8, 8))]
 
 
 def sparse_variants() -> list:

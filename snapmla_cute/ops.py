@@ -327,15 +327,16 @@ class _Tuning(dict):
         return self
 
 
-_hot_steps: dict = {}  # (heads, s_q, page_size, causal, bf16 q) -> compiled decode step
+_hot_steps: dict = {}  # (heads, s_q, page_size, causal, bf16 q, visible) -> compiled decode step
 DECODE_TUNING = _Tuning()
 _LOG2E = 1.4426950408889634
 _DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
 
 
-def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False):
+def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False, visible: bool = False):
     """The compiled step (``decode_step``, or ``decode_step_q`` which quantizes a bf16 query
-    first), registered for the hot path."""
+    first; ``visible``: causal by given visible-key counts, quantized query only), registered
+    for the hot path."""
     tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
 
     from snapmla_cute.kernels.decode import compile as decode_compile
@@ -344,11 +345,14 @@ def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: b
         from snapmla_cute.kernels.decode import DecodeConfig
         from snapmla_cute.kernels.decode.step import DecodeStepConfig
 
-        return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **DECODE_TUNING))
+        extra = {"visible": True} if visible else {}
+        return DecodeStepConfig(
+            DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **extra, **DECODE_TUNING)
+        )
 
     step = decode_compile.compile_step_q if bf16_q else decode_compile.compile_step
-    fn = _launcher(step, (heads, s_q, page_size, causal, tuning), make)
-    _hot_steps[(heads, s_q, page_size, causal, bf16_q)] = fn
+    fn = _launcher(step, (heads, s_q, page_size, causal, tuning) + (("visible",) if visible else ()), make)
+    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible)] = fn
     return fn
 
 
@@ -360,6 +364,7 @@ def mla_decode(
     *,
     softmax_scale: float | None = None,
     causal: bool = False,
+    visible: torch.Tensor | None = None,
     metadata: DecodeMetadata | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -370,7 +375,12 @@ def mla_decode(
     ``q``: bf16 ``[b, s_q, h, 576]`` (quantized here by the fused kernel) or the tuple
     ``(q_nope, q_rope, q_scale)`` returned by :func:`quantize_q`. ``block_table`` int32
     ``[b, max_pages]``, ``cache_seqlens`` int32 ``[b]`` (0 allowed: zero output, -inf LSE).
-    With ``causal``, query token ``i`` of ``s_q`` sees keys ``< L - s_q + i + 1``.
+    With ``causal``, query token ``i`` of ``s_q`` sees keys ``< L - s_q + i + 1``, or, with
+    ``visible`` (int32 ``[b, s_q]``, contiguous), keys ``< visible[b, i]``: a cache holding
+    only some of a request's tokens (a context-parallel shard) whose causal limit is set by
+    global positions (``snapmla_cute.distributed``). Each count is clamped to
+    ``[L - s_q + i + 1, L]``: token ``i`` may hide only keys among the cache's last
+    ``s_q - 1 - i`` (true of any shard of a causal window), so no value reads outside it.
     ``softmax_scale`` defaults to 576^-0.5. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and
     ``lse`` fp32 ``[b, h, s_q]`` (natural log).
 
@@ -383,18 +393,21 @@ def mla_decode(
     """
     if not check and metadata is not None and out is not None and lse is not None:
         try:
-            bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale)
-            fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q)]
+            bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
+            fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None)]
         except (KeyError, AttributeError, TypeError):
             fn = None  # first call of this shape, or bad arguments: the full path below
         if fn is not None:
             try:
                 fn(*args)
             except Exception:
-                _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse)
+                _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal,
+                                 visible)
                 raise  # the Python checks found nothing: the compiled call's own error stands
             return out, lse
-    b, s_q, h, q_dev = _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse)
+    b, s_q, h, q_dev = _validate_decode(
+        q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal, visible
+    )
     if check and not _capturing() and b:
         lens = cache_seqlens.cpu()
         if int(lens.min()) < 0:
@@ -417,13 +430,15 @@ def mla_decode(
             _check_values(finite=(("q", q),))
         if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
             q, bf16_q = quantize_q(q, check=False), False
+        elif visible is not None:  # the visible step takes a quantized query
+            q, bf16_q = quantize_q(q, check=False, out=metadata.q_args), False
     if out is None:
         out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=q_dev)
     if lse is None:
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     if b == 0:
         return out, lse
-    fn, args = _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal)
+    fn, args = _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible)
     fn(*args)
     return out, lse
 
@@ -476,7 +491,8 @@ def _validate_outputs(out, lse, b, s_q, h, q_dev):
         _check_same_device(q=q_dev, lse=lse)
 
 
-def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse):
+def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal=False,
+                     visible=None):
     """Every structural check of a decode call (no host sync); raises with what was expected
     and what came. Returns ``(b, s_q, h, device)``."""
     b, s_q, h, q_dev = _validate_query(q, cache, HEADS, MAX_S_Q)
@@ -491,6 +507,14 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
     _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
     _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
     _validate_outputs(out, lse, b, s_q, h, q_dev)
+    if visible is not None:
+        if not causal:
+            raise ValueError("visible: given with causal=False (it sets the causal limit of each query token)")
+        _check_tensor("visible", visible, torch.int32, dim=2)
+        if tuple(visible.shape) != (b, s_q):
+            raise ValueError(f"visible: expected shape {(b, s_q)}, got {tuple(visible.shape)}")
+        _check_cuda(visible=visible)
+        _check_same_device(q=q_dev, visible=visible)
     if metadata is not None:
         if not isinstance(metadata, DecodeMetadata):
             raise TypeError(f"metadata: expected DecodeMetadata (from decode_metadata), got {type(metadata).__name__}")
@@ -502,7 +526,7 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
     return b, s_q, h, q_dev
 
 
-def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale):
+def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible=None):
     """``(bf16 q?, the compiled step's arguments)``, no checks (the hot path and
     ``_step_call``). ``q`` is the quantized tuple, or a bf16 tensor that the step quantizes
     into the metadata's query buffers. Every tensor goes in its own layout: the step builds
@@ -512,15 +536,16 @@ def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     else:
         bf16_q, head = True, (q, *metadata.q_args)
     scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
-    return bf16_q, (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale)
+    args = (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale)
+    return bf16_q, args if visible is None else (*args, visible)
 
 
-def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal):
+def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible=None):
     """The compiled decode step and its argument tuple (no checks; the bench times the bare
     call with it)."""
-    bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale)
+    bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
     _, s_q, h, _ = args[0].shape
-    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q), args
+    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None), args
 
 
 def warmup(

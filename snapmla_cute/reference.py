@@ -123,11 +123,14 @@ def quantize_kv_cache(k_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 # --------------------------------------------------------------------------------------------
 
 
-def _visible_lengths(L: int, s_q: int, causal: bool) -> list[int]:
-    """Keys visible to each of the s_q query tokens of a request with L cached tokens."""
+def _visible_lengths(L: int, s_q: int, causal: bool, visible=None) -> list[int]:
+    """Keys visible to each of the s_q query tokens of a request with L cached tokens;
+    ``visible`` (its s_q counts, ``mla_decode``'s ``visible``) clamped as the kernel does."""
     if not causal:
         return [L] * s_q
-    return [max(0, min(L, L - s_q + i + 1)) for i in range(s_q)]
+    if visible is None:
+        return [max(0, min(L, L - s_q + i + 1)) for i in range(s_q)]
+    return [max(0, min(L, max(int(visible[i]), L - s_q + i + 1))) for i in range(s_q)]
 
 
 def _gather(pages: torch.Tensor, block_table: torch.Tensor, b: int, L: int) -> torch.Tensor:
@@ -154,12 +157,14 @@ def mla_decode_exact(
     *,
     softmax_scale: float | None = None,
     causal: bool = False,
+    visible: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact paged MLA decode in float64 on unquantized q ``[b,s_q,h,576]`` and K pages ``[P,ps,576]``.
 
-    V is the first 512 dims of K (absorbed MLA). Returns float64 ``out [b,s_q,h,512]`` and
-    ``lse [b,h,s_q]`` (natural log).
+    V is the first 512 dims of K (absorbed MLA). ``visible`` ``[b, s_q]``: ``mla_decode``'s
+    causal limits. Returns float64 ``out [b,s_q,h,512]`` and ``lse [b,h,s_q]`` (natural log).
     """
+    vis_rows = None if visible is None else visible.tolist()
     scale = default_softmax_scale() if softmax_scale is None else softmax_scale
     b, s_q, h, _ = q.shape
     out = torch.zeros(b, s_q, h, CONTENT_DIM, dtype=torch.float64, device=q.device)
@@ -170,7 +175,7 @@ def mla_decode_exact(
         if L == 0:
             continue
         k = _gather(k_pages, block_table, bi, L).to(q.device, torch.float64)
-        for i, n_vis in enumerate(_visible_lengths(L, s_q, causal)):
+        for i, n_vis in enumerate(_visible_lengths(L, s_q, causal, None if vis_rows is None else vis_rows[bi])):
             if n_vis == 0:
                 continue
             qi = q[bi, i].to(torch.float64)  # [h, 576]
@@ -486,6 +491,7 @@ def mla_decode_emulated(
     causal: bool = False,
     config: QuantConfig | str = SNAPMLA,
     mma: str | None = None,
+    visible: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bit-faithful emulation of SnapMLA's FP8 decode (fp32 math, e4m3 rounding as the GPU).
 
@@ -500,9 +506,11 @@ def mla_decode_emulated(
     ``cache`` is either the FP8 cache ``(kv uint8 [P, ps, 640], kv_scale fp32 [P, ps])`` (only
     with SnapMLA's format — exactly what the kernel reads) or unquantized pages
     ``[P, ps, 576]``, quantized here under ``config``. ``q`` is bf16/fp32 ``[b, s_q, h, 576]``.
+    ``visible`` ``[b, s_q]``: ``mla_decode``'s causal limits (clamped as the kernel does).
     Returns fp32 ``out [b, s_q, h, 512]`` and ``lse [b, h, s_q]``.
     """
     cfg = CONFIGS[config] if isinstance(config, str) else config
+    vis_rows = None if visible is None else visible.tolist()
     scale = default_softmax_scale() if softmax_scale is None else softmax_scale
     kernel_format = cfg.kv == "per_token" and cfg.rope_aware and cfg.q_quant and cfg.k_quant and cfg.rope_bf16
     mma = mma or ("hopper" if kernel_format else "exact")
@@ -534,13 +542,25 @@ def mla_decode_emulated(
             kq = _QuantizedK(torch.cat([content.float(), rope.float()], -1), s_k, content.float(), s_k)
         else:
             kq = _quantize_k(_gather(cache, block_table, bi, L).to(dev), cfg, tensor_amax)
-        vis = torch.tensor(_visible_lengths(L, s_q, causal), device=dev).repeat_interleave(h)
+        vis_b = None if vis_rows is None else vis_rows[bi]
+        vis = torch.tensor(_visible_lengths(L, s_q, causal, vis_b), device=dev).repeat_interleave(h)
         o, l_ = _decode_one(
             q_codes[bi].reshape(s_q * h, -1), q_scale[bi].reshape(s_q * h), kq, vis, scale, mma,
             cfg.p, cfg.p_block,
         )
         out[bi] = o.view(s_q, h, CONTENT_DIM)
         lse[bi] = l_.view(s_q, h).T
+    return out, lse
+
+
+def merge_partials(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """LSE merge of W partial decodes in float64 (what ``kernels.lse_merge`` computes):
+    ``outs [W, b, s_q, h, 512]``, ``lses [W, b, h, s_q]`` → ``out [b, s_q, h, 512]``,
+    ``lse [b, h, s_q]``; rows with every ``lse_w`` = -inf give zeros and -inf."""
+    lses = lses.double()
+    lse = torch.logsumexp(lses, dim=0)  # -inf where every shard is -inf
+    w = torch.exp(lses - lse.unsqueeze(0)).nan_to_num(0.0)  # [W, b, h, s_q]
+    out = (outs.double() * w.permute(0, 1, 3, 2).unsqueeze(-1)).sum(0)
     return out, lse
 
 

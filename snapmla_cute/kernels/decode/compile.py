@@ -16,6 +16,7 @@ from snapmla_cute.kernels.decode.step import (
     DecodeStepConfig,
     DecodeStepKernel,
     DecodeStepQuantKernel,
+    DecodeStepVisibleKernel,
 )
 
 NAME = "decode"
@@ -90,6 +91,7 @@ def step_fake_args(config: DecodeStepConfig, n=None):
         t(f32, (splits, R), (R, 1), 4),
         t(i32, (n, 2 * m_tiles), (2 * m_tiles, 1), 4),
         cutlass.Float32(0.0),
+        *((t(i32, (n, s_q), (s_q, 1), 4),) if config.decode.visible else ()),  # the visible step's counts
         fake.stream(),
     )
 
@@ -113,7 +115,8 @@ def compile(config: DecodeConfig, *, arch: str | None = None, keep_sass: bool = 
 
 def compile_step(config: DecodeStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The step from a quantized query (one launch)."""
-    return jit_cache.compile_kernel(STEP_NAME, config, DecodeStepKernel, step_fake_args, arch=arch, keep_sass=keep_sass)
+    kernel = DecodeStepVisibleKernel if config.decode.visible else DecodeStepKernel
+    return jit_cache.compile_kernel(STEP_NAME, config, kernel, step_fake_args, arch=arch, keep_sass=keep_sass)
 
 
 def compile_step_q(config: DecodeStepConfig, *, arch: str | None = None, keep_sass: bool = False):

@@ -66,6 +66,11 @@ class DecodeConfig:
     # ids outside the cache, -1 and positions past the list's length are masked keys
     # (zero-filled, score -inf). ``heads`` rows per request, ``s_q`` 1, not causal.
     sparse: bool = False
+    # causal by per-(request, query token) visible-key counts read from a tensor instead of
+    # ``seqlen - s_q + 1 + t``: a context-parallel shard, whose keys' global positions are
+    # not their indices (``snapmla_cute.distributed``). Each count is clamped to
+    # [seqlen - s_q + 1 + t, seqlen], the window the causal mask code assumes. Needs causal.
+    visible: bool = False
     # ---- schedule (the defaults ship; the other values are tested or profiled)
     kv_stages: int = 4
     # PV temporaries: with 2 a GEMM is issued before the previous one is added

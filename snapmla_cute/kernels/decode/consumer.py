@@ -134,7 +134,7 @@ class Consumer:
 
     @cute.jit
     def consumer_role(self, mmas, smem, io, ring, handshake, exchange, q_cons, m_q_scale, m_seqlens, scale_log2,
-                      m_tile, wg_idx, kv_addr):
+                      m_tile, wg_idx, kv_addr, m_visible=None):
         """Consumer WGs: raise the register budget, read the plan, run ``consume``.
         ``kv_addr``: the KV stages' shared address (``SmemTensors.kv_addr``)."""
         cute.arch.setmaxregister_increase(self.roles.consumer_regs)
@@ -142,12 +142,12 @@ class Consumer:
         work = PartWork.read(smem.plan, m_seqlens)
         self.consume(
             mmas, smem, io, work, ring, handshake, exchange, q_cons, m_q_scale, scale_log2, m_tile,
-            wg_idx - self.roles.first_consumer_wg, kv_addr,
+            wg_idx - self.roles.first_consumer_wg, kv_addr, m_visible,
         )
 
     @cute.jit
     def consume(self, mmas, smem, io, work, ring, handshake, exchange, q_cons, m_q_scale, scale_log2, m_tile, wg,
-                kv_addr):
+                kv_addr, m_visible=None):
         """Consumer WG ``wg`` over the part's request segments: per request the owned blocks
         (``consume_block``), the other WG's last block, the epilogue and, for a split
         request, the merge; then an idle part's merge share."""
@@ -164,7 +164,7 @@ class Consumer:
             seqlen, blk_lo, blk_hi = work.block_range(r, req)
             n = blk_hi - blk_lo
             k0 = k_global
-            softmax.start_request(tiles.c_s_mn, m_q_scale, m_tile, req, seqlen, scale_log2)
+            softmax.start_request(tiles.c_s_mn, m_q_scale, m_tile, req, seqlen, scale_log2, m_visible)
             for h in cutlass.range_constexpr(PV_SPLITS):
                 tiles.acc_o[h].fill(0.0)
             hq = q_cons.wait_and_advance()

@@ -41,6 +41,8 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
     def __init__(self, cfg: DecodeConfig):
         if cfg.sparse and (cfg.page_size != 1 or cfg.causal or cfg.s_q != 1):
             raise ValueError(f"DecodeConfig: sparse needs page_size 1, s_q 1, not causal; got {cfg}")
+        if cfg.visible and not cfg.causal:
+            raise ValueError(f"DecodeConfig: visible needs causal; got {cfg}")
         self.cfg = cfg
         self.roles = roles.layout(cfg.transposer)
         self.threads = self.roles.threads
@@ -70,6 +72,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         m_counters: cute.Tensor,  # int32 (b, 2 * m_tiles), zero between calls
         scale_log2: Float32,
         stream,
+        m_visible: cute.Tensor = None,  # int32 (s_q, b): ``DecodeConfig.visible``'s counts
     ):
         cfg = self.cfg
         m_q_nope = cute.make_tensor(cute.recast_ptr(m_q_nope.iterator, dtype=FP8), m_q_nope.layout)
@@ -134,7 +137,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
             m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets,
             m_out, m_lse, m_o_partial, m_lse_partial, m_counters, scale_log2,
-            q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl,
+            q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl, m_visible,
         ).launch(
             grid=[cfg.m_tiles, num_parts, 1],
             block=[self.threads, 1, 1],
@@ -183,6 +186,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         kr_sl: cute.ComposedLayout,
         vt_sl: cute.ComposedLayout,
         p_sl: cute.ComposedLayout,
+        m_visible: cute.Tensor,
     ):
         """Wiring only: pipelines, shared-memory views, the plan, then each warpgroup's role."""
         cfg = self.cfg
@@ -256,7 +260,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             exchange = PairExchange(smem.state)
             consumer_args = (
                 mmas, smem, io, ring, handshake, exchange, q_cons, m_q_scale, m_seqlens, scale_log2, m_tile, wg_idx,
-                kv_addr,
+                kv_addr, m_visible,
             )
             if cutlass.const_expr(cfg.transposer):
                 # the consumers' branch comes last: ptxas spilled them at 224 registers when

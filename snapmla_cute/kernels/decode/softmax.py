@@ -60,8 +60,10 @@ class OnlineSoftmax:
         return self.row_max, self.sigma_p, self.row_sum, self.gamma_o
 
     @cute.jit
-    def start_request(self, c_s_mn, m_q_scale, m_tile, req, seqlen, scale_log2):
-        """A request's rows: empty state, σ_q·scale·log2e and the visible keys per row."""
+    def start_request(self, c_s_mn, m_q_scale, m_tile, req, seqlen, scale_log2, m_visible=None):
+        """A request's rows: empty state, σ_q·scale·log2e and the visible keys per row
+        (causal: ``seqlen - s_q + 1 + t``, or ``m_visible[t, req]`` clamped to that and
+        ``seqlen`` with ``DecodeConfig.visible``)."""
         cfg = self.cfg
         for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
             # laundered: row // heads is recomputed per request, not kept live (spilled)
@@ -75,6 +77,9 @@ class OnlineSoftmax:
                 self.q_fac[i] = m_q_scale[row, req] * scale_log2  # σ_q·scale·log2e, once per row
                 if cutlass.const_expr(cfg.causal):
                     self.n_vis[i] = seqlen - cfg.s_q + row // cfg.heads + 1
+                    if cutlass.const_expr(cfg.visible):
+                        # the causal window is what the unmasked-block test assumes
+                        self.n_vis[i] = min(max(m_visible[row // cfg.heads, req], self.n_vis[i]), seqlen)
 
     @cute.jit
     def reset(self):

@@ -70,13 +70,25 @@ class DecodeStepKernel:
         scale_log2: cutlass.Float32,
         stream,
     ):
+        # one launch: the decode kernel plans its own part and merges split requests
+        self.decode(
+            *self.decode_views(
+                m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale, m_sched,
+                m_split_heads, m_o_partial, m_lse_partial, m_counters,
+            ),
+            scale_log2, stream,
+        )
+
+    def decode_views(self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
+                     m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters):
+        """The decode kernel's arguments (before ``scale_log2``) as views of the step's
+        tensors: rows (R = s_q·h) first, the batch / page / split index last (traced inline)."""
         R = self.cfg.decode.rows
         ps = self.cfg.decode.page_size
         b = m_q_nope.shape[0]
         pages = m_kv.shape[0]
         splits = m_o_partial.shape[0]
         row = KV_ROW_BYTES
-        # the decode kernel's views: rows (R = s_q·h) first, the batch / page / split index last
         q_nope = _view(m_q_nope, (R, CONTENT_DIM, b), (CONTENT_DIM, 1, R * CONTENT_DIM))
         q_rope = _view(m_q_rope, (R, ROPE_DIM, b), (ROPE_DIM, 1, R * ROPE_DIM))
         q_scale = _view(m_q_scale, (R, b), (1, R))
@@ -89,11 +101,45 @@ class DecodeStepKernel:
         # passed as b entries so TVM-FFI ties the plan to the batch (a plan made for a smaller
         # batch would be overrun); the buffer behind it holds b + 1
         m_split_offsets = _view(m_split_heads, (b + 1,), (1,))
-
-        # one launch: the decode kernel plans its own part and merges split requests
-        self.decode(
+        return (
             q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, m_block_table, m_seqlens,
-            m_sched, m_split_offsets, out_d, m_lse, o_part_d, lse_part_d, m_counters, scale_log2, stream,
+            m_sched, m_split_offsets, out_d, m_lse, o_part_d, lse_part_d, m_counters,
+        )
+
+
+class DecodeStepVisibleKernel(DecodeStepKernel):
+    """The step with ``DecodeConfig.visible``: causal by the visible-key counts ``m_visible``
+    int32 ``[b, s_q]`` (a context-parallel shard), from a quantized query."""
+
+    @cute.jit
+    def __call__(
+        self,
+        m_q_nope: cute.Tensor,
+        m_q_rope: cute.Tensor,
+        m_q_scale: cute.Tensor,
+        m_block_table: cute.Tensor,
+        m_seqlens: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_kv: cute.Tensor,
+        m_kv_scale: cute.Tensor,
+        m_sched: cute.Tensor,
+        m_split_heads: cute.Tensor,
+        m_o_partial: cute.Tensor,
+        m_lse_partial: cute.Tensor,
+        m_counters: cute.Tensor,
+        scale_log2: cutlass.Float32,
+        m_visible: cute.Tensor,  # int32 [b, s_q]
+        stream,
+    ):
+        s_q = self.cfg.decode.s_q
+        b = m_q_nope.shape[0]
+        self.decode(
+            *self.decode_views(
+                m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale, m_sched,
+                m_split_heads, m_o_partial, m_lse_partial, m_counters,
+            ),
+            scale_log2, stream, _view(m_visible, (s_q, b), (1, s_q)),
         )
 
 
