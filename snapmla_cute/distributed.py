@@ -190,9 +190,12 @@ def mla_decode_cp(
     if not isinstance(qt, torch.Tensor) or qt.dim() != 4:
         raise ValueError("q: expected a [b, s_q, h, 576] bf16 tensor or the quantize_q tuple")
     b, s_q, h = qt.shape[:3]
+    if _capturing() and (metadata is None or out is None or lse is None):
+        raise ValueError(
+            "mla_decode_cp under CUDA-graph capture needs metadata (from cp_decode_metadata, made before capture), "
+            "out and lse: nothing may be allocated inside the captured region"
+        )
     if metadata is None:
-        if _capturing():
-            raise ValueError("mla_decode_cp under CUDA-graph capture needs metadata (from cp_decode_metadata)")
         metadata = cp_decode_metadata(cache_seqlens, s_q=s_q, heads=h, world=world)
     elif not isinstance(metadata, CPDecodeMetadata):
         raise TypeError(f"metadata: expected CPDecodeMetadata (from cp_decode_metadata), got {type(metadata).__name__}")
