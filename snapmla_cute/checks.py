@@ -11,6 +11,16 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def check_capture_ready(op: str, maker: str, metadata, out, lse):
+    """Under CUDA-graph capture a call must get its metadata (made by ``maker`` before the
+    capture), ``out`` and ``lse``: nothing may be allocated inside the captured region."""
+    if capturing() and (metadata is None or out is None or lse is None):
+        raise ValueError(
+            f"{op} under CUDA-graph capture needs metadata (from {maker}, made before capture), out and lse: "
+            "nothing may be allocated inside the captured region"
+        )
+
+
 def check_tensor(
     name: str, t, dtype: torch.dtype, *, dim: int | None = None, last: int | None = None, rows_strided: bool = False
 ):

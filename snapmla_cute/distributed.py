@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from snapmla_cute.checks import capturing as _capturing
+from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_cuda as _check_cuda
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
@@ -74,7 +75,6 @@ class CPDecodeMetadata:
         self.outs = torch.empty(world, b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=device)
         self.lses = torch.empty(world, b, h, s_q, dtype=torch.float32, device=device)
         self.visible = torch.empty(b, s_q, dtype=torch.int32, device=device)
-        self._t = torch.arange(s_q, dtype=torch.int32, device=device)
 
 
 def cp_decode_metadata(
@@ -127,22 +127,19 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor, *, out=None, lse=None
         raise ValueError(f"outs: expected heads in {HEADS} and s_q in [1, {MAX_S_Q}], got {h} and {s_q}")
     _check_cuda(outs=outs, lses=lses)
     _check_same_device(outs=outs, lses=lses)
+    _validate_outputs(out, lse, b, s_q, h, outs.device)
+    if _capturing() and (out is None or lse is None):
+        raise ValueError("merge_partials under CUDA-graph capture needs out and lse (made before capture)")
+    return _merge_into(outs, lses, out, lse)
+
+
+def _merge_into(outs, lses, out, lse):
+    """The merge on checked tensors; ``out`` / ``lse`` allocated if None."""
+    W, b, s_q, h, _ = outs.shape
     if out is None:
-        if _capturing():
-            raise ValueError("merge_partials under CUDA-graph capture needs out and lse (made before capture)")
         out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=outs.device)
     if lse is None:
-        if _capturing():
-            raise ValueError("merge_partials under CUDA-graph capture needs out and lse (made before capture)")
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=outs.device)
-    _check_tensor("out", out, torch.bfloat16, dim=4)
-    _check_tensor("lse", lse, torch.float32, dim=3)
-    if tuple(out.shape) != (b, s_q, h, CONTENT_DIM) or tuple(lse.shape) != (b, h, s_q):
-        raise ValueError(
-            f"out/lse: expected shapes {(b, s_q, h, CONTENT_DIM)} and {(b, h, s_q)}, got {tuple(out.shape)} and {tuple(lse.shape)}"
-        )
-    _check_cuda(out=out, lse=lse)
-    _check_same_device(outs=outs, out=out, lse=lse)
     if b and W:
         _merge_launcher(s_q, h)(outs, lses, out, lse)
     elif b:
@@ -190,11 +187,7 @@ def mla_decode_cp(
     if not isinstance(qt, torch.Tensor) or qt.dim() != 4:
         raise ValueError("q: expected a [b, s_q, h, 576] bf16 tensor or the quantize_q tuple")
     b, s_q, h = qt.shape[:3]
-    if _capturing() and (metadata is None or out is None or lse is None):
-        raise ValueError(
-            "mla_decode_cp under CUDA-graph capture needs metadata (from cp_decode_metadata, made before capture), "
-            "out and lse: nothing may be allocated inside the captured region"
-        )
+    _check_capture_ready("mla_decode_cp", "cp_decode_metadata", metadata, out, lse)
     if metadata is None:
         metadata = cp_decode_metadata(cache_seqlens, s_q=s_q, heads=h, world=world)
     elif not isinstance(metadata, CPDecodeMetadata):
@@ -215,7 +208,7 @@ def mla_decode_cp(
         outs, lses = metadata.outs, metadata.lses
     else:
         outs, lses = metadata.local_out.unsqueeze(0), metadata.local_lse.unsqueeze(0)
-    return merge_partials(outs, lses, out=out, lse=lse)
+    return _merge_into(outs, lses, out, lse)  # the metadata's buffers; out and lse checked above
 
 
 def decode_shard(q, cache, block_table, cache_seqlens, *, placement, metadata: CPDecodeMetadata,

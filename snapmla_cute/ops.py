@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from snapmla_cute.checks import capturing as _capturing
+from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_cuda as _check_cuda
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
@@ -417,11 +418,7 @@ def mla_decode(
             raise ValueError(
                 f"block_table: a sequence of {int(lens.max())} tokens needs {need} pages, table has {block_table.shape[1]} columns"
             )
-    if _capturing() and (metadata is None or out is None or lse is None):
-        raise ValueError(
-            "mla_decode under CUDA-graph capture needs metadata (from decode_metadata, made before "
-            "capture), out and lse: nothing may be allocated inside the captured region"
-        )
+    _check_capture_ready("mla_decode", "decode_metadata", metadata, out, lse)
     if metadata is None:
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h)
     bf16_q = not isinstance(q, (tuple, list))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from snapmla_cute.checks import capturing as _capturing
+from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_cuda as _check_cuda
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
@@ -188,11 +188,7 @@ def mla_decode_sparse(
         if bf16_q:
             checks["finite"] = (("q", q),)
         _check_values(**checks)
-    if _capturing() and (metadata is None or out is None or lse is None):
-        raise ValueError(
-            "mla_decode_sparse under CUDA-graph capture needs metadata (from sparse_decode_metadata, made "
-            "before capture), out and lse: nothing may be allocated inside the captured region"
-        )
+    _check_capture_ready("mla_decode_sparse", "sparse_decode_metadata", metadata, out, lse)
     if metadata is None:
         metadata = sparse_decode_metadata(b, s_q, h, topk, device=q_dev)
     lengths = topk_length

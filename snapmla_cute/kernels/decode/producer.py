@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 from cutlass import Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
