@@ -89,3 +89,22 @@ FLASHMLA_SPARSE_US = {
         (32, 64, 1, 8192, 16384): 132.3,
     },
 }
+
+
+# FlashMLA's sparse FP8 decode at h64: what an engine pays today when it pads 8 or 16 heads
+# per GPU to 64, the fewest that kernel runs on Hopper (sgl-flash-mla 1.0.0, V3.2 656-byte
+# format, topk distinct random tokens of an s_k-token request, page 64, CUDA-graph replay of
+# 10 calls, median of 30; H100 80GB HBM3, 2026-11-24)
+FLASHMLA_SPARSE_H64_PADDED_US = {
+    "H100": {
+        # (b, s_q, topk, s_k): µs
+        (64, 1, 2048, 8192): 81.0,
+        (128, 2, 2048, 8192): 228.4,
+        (32, 1, 16384, 32768): 228.5,
+        (128, 1, 2048, 8192): 117.1,
+        (64, 8, 2048, 8192): 425.8,
+        (1, 1, 2048, 8192): 17.1,
+        (64, 2, 2048, 8192): 116.1,
+        (64, 4, 2048, 8192): 221.9,
+    },
+}

@@ -58,9 +58,13 @@ def _bench(args):
         if not dist.is_initialized() or dist.get_rank() == 0:
             print_table(rows, json_path=args.json)
     elif args.what == "sparse":
-        from snapmla_cute.bench_sparse import bench_sparse
+        from snapmla_cute.bench_sparse import FEW_HEAD_SHAPES, bench_sparse
 
-        print_table(bench_sparse(page_size=args.page_size), json_path=args.json)
+        if args.few_heads:
+            rows = bench_sparse(FEW_HEAD_SHAPES, page_size=args.page_size, few_heads=True)
+        else:
+            rows = bench_sparse(page_size=args.page_size)
+        print_table(rows, json_path=args.json)
     else:
         from snapmla_cute.bench import DECODE_SHAPES, plot_rows
 
@@ -185,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode shape to time (repeatable); replaces the standard table unless --with-standard")
     b.add_argument("--with-standard", action="store_true", help="time --shape rows after the standard ones")
     b.add_argument("--plot", metavar="PNG", help="write a bar chart of the decode rows")
+    b.add_argument("--few-heads", action="store_true",
+                   help="sparse: the 8- and 16-head rows (tensor-parallel serving) against their floor and the padded h64 path")
     b.set_defaults(func=_bench)
     pr = sub.add_parser("profile", help="Nsight Compute profile of the decode step (one kernel)")
     pr.add_argument("shapes", nargs="*", default=["s1", "s2"],

@@ -96,7 +96,7 @@ def sparse_variants() -> list:
     from snapmla_cute.sparse import SPARSE_HEADS
 
     return [DecodeSparseStepConfig(DecodeConfig(heads=h, s_q=1, page_size=1, causal=False, sparse=True), s)
-            for h in SPARSE_HEADS for s in ((1, 2) if h == 128 else (1,))]
+            for h in SPARSE_HEADS for s in ((1, 2) if h == 128 else (1, 8) if h == 8 else (1,))]
 
 
 # the DSL names a kernel after its module, class and argument types; a move renames it

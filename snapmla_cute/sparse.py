@@ -31,8 +31,8 @@ from snapmla_cute.ops import (
     default_num_parts,
 )
 
-SPARSE_HEADS = (16, 32, 64, 128)
-SPARSE_MAX_S_Q = 4
+SPARSE_HEADS = (8, 16, 32, 64, 128)
+SPARSE_MAX_S_Q = 8
 
 
 class SparseDecodeMetadata:

@@ -1,15 +1,29 @@
-"""Timing-only variants of the sparse decode against the dense one (same token count):
-per gather unroll (``DecodeConfig.gather_unroll``; argv: the unrolls to try). Prints a table."""
-import sys
+"""Timing-only variants of the sparse decode. Default: per gather unroll
+(``DecodeConfig.gather_unroll``; ``--unroll``) against the dense decode over the same token
+count. ``--few-heads``: the 8- and 16-head rows with the pipeline's own times (every compute
+stage left out: the gather alone; the softmax kept; the transposition kept) beside the
+shipped kernel, the floor and the target. Prints a table.
+
+    python3 profiles/experiments/sparse_variants.py --unroll 1 4
+    python3 profiles/experiments/sparse_variants.py --few-heads
+"""
+import argparse
 
 from tabulate import tabulate
 
-from snapmla_cute import ops
-from snapmla_cute import mla_decode_sparse
-from snapmla_cute.bench import time_us
-from snapmla_cute.bench_sparse import _dense_us, sparse_case
+from snapmla_cute import mla_decode_sparse, ops
+from snapmla_cute.bench import measure_copy_tbps, time_us
+from snapmla_cute.bench_sparse import BATCH1_TARGET_US, FEW_HEAD_FLOOR_SHARE, FEW_HEAD_SHAPES, _dense_us, \
+    sparse_case, sparse_floor_us
 
 SHAPES = [(128, 128, 1, 2048, 8192), (64, 64, 1, 2048, 8192), (32, 64, 1, 8192, 16384)]
+# the rest of the kernel without some of its stages (wrong results: timing only)
+BOUNDS = {
+    "gather only": {"skip": ("qk", "pv", "transpose", "softmax", "store")},
+    "+ qk": {"skip": ("pv", "transpose", "softmax", "store")},
+    "+ qk, softmax": {"skip": ("pv", "transpose", "store")},
+    "no transpose": {"skip": ("transpose",)},
+}
 
 
 def sparse_us(b, h, s_q, topk, s_k, page_size=64):
@@ -18,17 +32,36 @@ def sparse_us(b, h, s_q, topk, s_k, page_size=64):
     return time_us(lambda: mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse, check=False))
 
 
+ap = argparse.ArgumentParser()
+ap.add_argument("--unroll", type=int, nargs="*", default=[1, 4])
+ap.add_argument("--few-heads", action="store_true")
+args = ap.parse_args()
 rows = []
-variants = [("shipped", {})] + [(f"unroll {u}", {"gather_unroll": u}) for u in sys.argv[1:] and map(int, sys.argv[1:]) or (1, 4)]
-for shape in SHAPES:
-    b, h, s_q, topk, s_k = shape
-    for name, tune in variants:
-        ops.DECODE_TUNING.clear()
-        ops.DECODE_TUNING.update(tune)
-        row = dict(shape=f"b{b} h{h} topk{topk}", variant=name, sparse_us=round(sparse_us(*shape), 1))
-        if name == "shipped":
-            row["dense_us"] = round(_dense_us(b * s_q, h, topk, 64), 1)
+if args.few_heads:
+    tbps = measure_copy_tbps()
+    variants = [("shipped", {})] + list(BOUNDS.items())
+    for shape in FEW_HEAD_SHAPES:
+        b, h, s_q, topk, s_k = shape
+        floor = sparse_floor_us(b, h, s_q, topk, tbps)
+        row = dict(shape=f"b{b} h{h} s_q{s_q} topk{topk}", floor_us=round(floor, 1),
+                   target_us=round(BATCH1_TARGET_US if b == 1 else floor / FEW_HEAD_FLOOR_SHARE, 1))
+        for name, tune in variants:
+            ops.DECODE_TUNING.clear()
+            ops.DECODE_TUNING.update(tune)
+            row[name] = round(sparse_us(*shape), 1)
         rows.append(row)
         print(row, flush=True)
+else:
+    variants = [("shipped", {})] + [(f"unroll {u}", {"gather_unroll": u}) for u in args.unroll]
+    for shape in SHAPES:
+        b, h, s_q, topk, s_k = shape
+        for name, tune in variants:
+            ops.DECODE_TUNING.clear()
+            ops.DECODE_TUNING.update(tune)
+            row = dict(shape=f"b{b} h{h} topk{topk}", variant=name, sparse_us=round(sparse_us(*shape), 1))
+            if name == "shipped":
+                row["dense_us"] = round(_dense_us(b * s_q, h, topk, 64), 1)
+            rows.append(row)
+            print(row, flush=True)
 ops.DECODE_TUNING.clear()
 print(tabulate(rows, headers="keys"))

@@ -16,7 +16,7 @@ import torch
 
 import snapmla_cute.ops as ops
 from snapmla_cute.bench import time_us
-from snapmla_cute.kernels.decode.trace import LOOP_BLOCKS, LOOP_EVENTS, LOOP_ITERS, LOOP_PROD, LOOP_WORDS
+from snapmla_cute.kernels.decode.trace import LOOP_BLOCKS, LOOP_EVENTS, LOOP_ITERS, LOOP_PROD, trace_words
 from snapmla_cute.profiling import SHAPES, Shape, make_case
 
 ALL = dict(SHAPES, h64=Shape("b32 h64 s_q1 s_k8192", 32, 64, 1, 8192, False))
@@ -29,9 +29,7 @@ def traced(c, md, tuning):
     for _ in range(3):
         c["step"]()
     grid = md.num_parts * ((md.s_q * md.heads + 63) // 64)
-    flat = md.o_partial.view(torch.int32).view(-1)
-    base = (md.o_partial.shape[0] - 2) * md.o_partial[0].numel()
-    words = flat[base : base + grid * LOOP_WORDS].view(grid, LOOP_WORDS)
+    words = trace_words(md.o_partial, grid, loop=True)
     words.fill_(-1)
     c["step"]()
     torch.cuda.synchronize()

@@ -15,7 +15,7 @@ import torch
 import snapmla_cute.ops as ops
 from snapmla_cute import decode_metadata
 from snapmla_cute.bench import time_us
-from snapmla_cute.kernels.decode.trace import TRACE_EVENTS, TRACE_WORDS
+from snapmla_cute.kernels.decode.trace import TRACE_EVENTS, trace_words
 from snapmla_cute.profiling import Shape, make_case
 
 SHAPES = [Shape("b1 h128 s_k640", 1, 128, 1, 640, False), Shape("b1 h128 s_k4096", 1, 128, 1, 4096, False)]
@@ -28,7 +28,7 @@ def traced(c, md, skip=()):
     for _ in range(4):
         call()
     grid = md.num_parts * ((md.s_q * md.heads + 63) // 64)
-    words = md.o_partial[-1].view(torch.int32).view(-1)[: grid * TRACE_WORDS].view(grid, TRACE_WORDS)
+    words = trace_words(md.o_partial, grid)
     words.fill_(-1)
     call()
     torch.cuda.synchronize()

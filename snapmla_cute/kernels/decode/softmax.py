@@ -65,21 +65,24 @@ class OnlineSoftmax:
         (causal: ``seqlen - s_q + 1 + t``, or ``m_visible[t, req]`` clamped to that and
         ``seqlen`` with ``DecodeConfig.visible``)."""
         cfg = self.cfg
+        # the dynamic `if` below writes locals: writing self.* there carries self, config
+        # included, through it (a profiling config's ``skip`` strings cannot be)
+        q_fac, n_vis = self.q_fac, self.n_vis
         for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
             # laundered: row // heads is recomputed per request, not kept live (spilled)
             row = ptx.launder(m_tile * L.M_TILE + c_s_mn[i, 0][0], req)
             self.row_max[i] = -Float32.inf
             self.row_sum[i] = 0.0
             self.sigma_p[i] = 1.0
-            self.q_fac[i] = scale_log2
-            self.n_vis[i] = seqlen
+            q_fac[i] = scale_log2
+            n_vis[i] = seqlen
             if row < cfg.rows:
-                self.q_fac[i] = m_q_scale[row, req] * scale_log2  # σ_q·scale·log2e, once per row
+                q_fac[i] = m_q_scale[row, req] * scale_log2  # σ_q·scale·log2e, once per row
                 if cutlass.const_expr(cfg.causal):
-                    self.n_vis[i] = seqlen - cfg.s_q + row // cfg.heads + 1
+                    n_vis[i] = seqlen - cfg.s_q + row // cfg.heads + 1
                     if cutlass.const_expr(cfg.visible):
                         # the causal window is what the unmasked-block test assumes
-                        self.n_vis[i] = min(max(m_visible[row // cfg.heads, req], self.n_vis[i]), seqlen)
+                        n_vis[i] = min(max(m_visible[row // cfg.heads, req], n_vis[i]), seqlen)
 
     @cute.jit
     def reset(self):

@@ -3,10 +3,11 @@ by the library). The stamps overwrite split slabs of the fp32 partials, so a tra
 split requests come out wrong; the scripts in ``profiles/experiments`` read them back.
 
 * ``trace``: %globaltimer (low 32 bits) at each CTA's milestones, one row of
-  ``TRACE_WORDS`` per CTA over the last slab (consumer milestones at ``16·wg + event``).
+  ``TRACE_WORDS`` per CTA at the end of the partials (``trace_words``; consumer milestones
+  at ``16·wg + event``).
 * ``trace_loop``: SM clock of each consumer WG's first ``LOOP_ITERS`` owned blocks
   (``LOOP_EVENTS``), then per block g < ``LOOP_BLOCKS`` the producer's acquire (KV stage
-  free), the transposer's start (K read) and end (Vᵀ written), over the second-to-last slab.
+  free), the transposer's start (K read) and end (Vᵀ written), just before the ``trace`` rows.
 """
 
 from __future__ import annotations
@@ -33,21 +34,37 @@ LOOP_PROD = 2 * LOOP_ITERS * len(LOOP_EVENTS)
 LOOP_WORDS = LOOP_PROD + 3 * LOOP_BLOCKS
 
 
+def trace_words(o_partial, ctas: int, loop: bool = False):
+    """The int32 stamp rows ``(ctas, words)`` a traced call left in ``o_partial``."""
+    import torch
+
+    flat = o_partial.view(torch.int32).view(-1)
+    n = flat.numel() - ctas * TRACE_WORDS
+    if loop:
+        n -= ctas * LOOP_WORDS
+        return flat[n: n + ctas * LOOP_WORDS].view(ctas, LOOP_WORDS)
+    return flat[n:].view(ctas, TRACE_WORDS)
+
+
 class Tracer:
     """One CTA's stamp rows; every method is a no-op (no code) unless its switch is on."""
 
     def __init__(self, cfg, m_o_partial, m_sched, m_tile, part):
         self.cfg = cfg
-        self.rows = self._rows(m_o_partial, m_sched, 1, TRACE_WORDS) if cfg.trace else None
-        self.loop_rows = self._rows(m_o_partial, m_sched, 2, LOOP_WORDS) if cfg.trace_loop else None
+        self.rows = self._rows(m_o_partial, m_sched, TRACE_WORDS, TRACE_WORDS) if cfg.trace else None
+        self.loop_rows = (
+            self._rows(m_o_partial, m_sched, TRACE_WORDS + LOOP_WORDS, LOOP_WORDS) if cfg.trace_loop else None
+        )
         self.cta = part * cfg.m_tiles + m_tile if cfg.trace or cfg.trace_loop else None
 
-    def _rows(self, m_o_partial, m_sched, slab_from_end: int, words: int):
-        """Int32 (CTAs, words) over split slab ``-slab_from_end`` of the fp32 partials."""
-        slab = (m_o_partial.shape[2] - slab_from_end) * self.cfg.rows * CONTENT_DIM
+    def _rows(self, m_o_partial, m_sched, words_from_end: int, words: int):
+        """Int32 (CTAs, words) starting ``CTAs·words_from_end`` words before the end of the
+        fp32 partials (a slab of a few heads is smaller than the rows)."""
+        ctas = self.cfg.m_tiles * m_sched.shape[0]
+        start = m_o_partial.shape[2] * self.cfg.rows * CONTENT_DIM - ctas * words_from_end
         return cute.make_tensor(
-            cute.recast_ptr(m_o_partial.iterator + slab, dtype=Int32),
-            cute.make_layout((self.cfg.m_tiles * m_sched.shape[0], words), stride=(words, 1)),
+            cute.recast_ptr(m_o_partial.iterator + start, dtype=Int32),
+            cute.make_layout((ctas, words), stride=(words, 1)),
         )
 
     @cute.jit
