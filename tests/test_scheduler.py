@@ -65,6 +65,8 @@ def test_default_parts_avoid_splitting_equal_batches():
     assert default_num_parts(32, 1, 132) == 132  # few requests: split them over every SM
     assert default_num_parts(1, 2, 132) == 66
     assert default_num_parts(100, 2, 132) == 66  # 50 parts would idle 24% of the SMs
+    assert default_num_parts(128, 1, 132) == 128  # one whole request per part, 4 SMs idle
+    assert default_num_parts(118, 1, 132) == 132  # 14 idle SMs (over 10%): split
     sched, offsets = schedule_reference([4096] * 128, 64)
     assert offsets[-1] == 128  # no request split
 

@@ -1,7 +1,9 @@
-"""GPU: decode time (h128 s_q1, graph replay) against the part count for small batches,
-to check ``ops.default_num_parts`` (one wave of parts when batch < slots).
+"""GPU: decode time (s_q1, graph replay) against the part count, to check
+``ops.default_num_parts`` (one wave of parts for small batches; whole requests per part
+when they fill 90% of the slots).
 
     python3 profiles/experiments/parts_sweep.py [--batches 1,2,4,8] [--lengths 640,4096,32768] [--parts 33,44,66]
+    python3 profiles/experiments/parts_sweep.py --heads 64 --batches 128 --lengths 16384 --parts 128,132
 """
 
 import argparse
@@ -17,16 +19,17 @@ def main():
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--lengths", default="640,4096,32768")
     ap.add_argument("--parts", default="33,44,66")
+    ap.add_argument("--heads", type=int, default=128)
     a = ap.parse_args()
     parts = [int(p) for p in a.parts.split(",")]
     print(f"{'b':>3s} {'s_k':>6s} " + " ".join(f"{p:>7d}" for p in parts) + "   (µs per parts)")
     for b in (int(x) for x in a.batches.split(",")):
         for L in (int(x) for x in a.lengths.split(",")):
-            c = make_case(Shape(f"b{b} s_k{L}", b, 128, 1, L, False))
+            c = make_case(Shape(f"b{b} s_k{L}", b, a.heads, 1, L, False))
             q, cache, bt, lens, out, lse = (c[k] for k in ("q", "cache", "block_table", "seqlens", "out", "lse"))
             row = []
             for p in parts:
-                md = decode_metadata(lens, s_q=1, heads=128, num_parts=p)
+                md = decode_metadata(lens, s_q=1, heads=a.heads, num_parts=p)
                 row.append(time_us(lambda: ops.mla_decode(q, cache, bt, lens, metadata=md, out=out, lse=lse, check=False)))
             print(f"{b:3d} {L:6d} " + " ".join(f"{us:7.1f}" for us in row), flush=True)
 
