@@ -44,9 +44,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="132,66")
     ap.add_argument("--shapes", default="0,3,5", help="indices into bench_sparse.FEW_HEAD_SHAPES")
+    ap.add_argument("--shape", action="append", default=[], metavar="B,H,S_Q,TOPK,S_K", help="instead of --shapes")
+    ap.add_argument("--no-trace", action="store_true")
     args = ap.parse_args()
     rows = []
-    for b, h, s_q, topk, s_k in [FEW_HEAD_SHAPES[int(i)] for i in args.shapes.split(",")]:
+    shapes = [tuple(int(v) for v in x.split(",")) for x in args.shape] or [
+        FEW_HEAD_SHAPES[int(i)] for i in args.shapes.split(",")]
+    for b, h, s_q, topk, s_k in shapes:
         cache, _, qq, idx, _ = sparse_case(b, h, s_q, topk, s_k)
         name = f"b{b} h{h} s_q{s_q} topk{topk}"
         for parts in [int(p) for p in args.parts.split(",")]:
@@ -55,6 +59,8 @@ def main():
             us = time_us(lambda: mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse, check=False))
             rows.append((name, parts, us))
             print(rows[-1], flush=True)
+        if args.no_trace:
+            continue
         md = sparse_decode_metadata(b, s_q, h, topk)
         print(f"== {name}, {md.num_parts} parts, traced (ns from the first CTA start)")
         print(summarize(traced(qq, cache, idx, md)), flush=True)
