@@ -290,10 +290,12 @@ def decode_metadata(
 
 class _Tuning(dict):
     """DecodeConfig fields beyond the shape (tile/schedule choices, profiling skips). Any
-    change drops the hot path's table of compiled steps, so the next call recompiles."""
+    change drops the hot paths' tables of compiled steps (dense and sparse), so the next
+    call recompiles."""
 
     def _changed(self):
         _hot_steps.clear()
+        _hot_sparse.clear()
 
     def __setitem__(self, k, v):
         super().__setitem__(k, v)
@@ -332,6 +334,7 @@ class _Tuning(dict):
 
 
 _hot_steps: dict = {}  # (heads, s_q, page_size, causal, bf16 q, visible) -> compiled decode step
+_hot_sparse: dict = {}  # (heads, s_q, bf16 q) -> compiled sparse step (``sparse.mla_decode_sparse``)
 DECODE_TUNING = _Tuning()
 _LOG2E = 1.4426950408889634
 _DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E

@@ -24,6 +24,7 @@ from snapmla_cute.ops import (
     _DEFAULT_SCALE_LOG2,
     _LOG2E,
     DECODE_TUNING,
+    _hot_sparse,
     _launcher,
     _num_sms,
     _validate_outputs,
@@ -108,7 +109,6 @@ def sparse_decode_metadata(
     return SparseDecodeMetadata(batch, s_q, heads, topk, num_parts, device)
 
 
-_hot_sparse: dict = {}  # (heads, s_q, bf16 q) -> compiled sparse step
 
 
 def _sparse_launcher(heads: int, s_q: int, bf16_q: bool):

@@ -8,6 +8,7 @@ import torch
 
 from decode_cases import build_case, references
 from snapmla_cute import FP8KVCache, decode_metadata, mla_decode, quantize_q
+from snapmla_cute.kernels.decode import DecodeConfig
 from snapmla_cute import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -286,6 +287,38 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
         assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
         assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
         assert torch.equal(torch.isinf(lse), torch.isinf(lx.float()))
+
+
+MERGE_FEW = DecodeConfig(heads=8, s_q=1, page_size=64, causal=False).merge_few
+
+
+@pytest.mark.parametrize("h, k", [(64, 2), (64, 3), (128, MERGE_FEW), (16, MERGE_FEW), (8, 2), (64, MERGE_FEW + 1)])
+def test_few_split_merge(seed, h, k):
+    """Equal requests cut into about k splits each: up to ``DecodeConfig.merge_few`` a
+    thread per row for the LSE and several items per thread at once, past it the general
+    merge; partials poisoned with NaN before the call, against the emulation and float64."""
+    b = 8
+    lens = [4096 - 64 * (i % 2) for i in range(b)]  # 64 or 63 blocks: some parts cut mid-request
+    c = build_case(b, 1, h, 64, lens, seed=seed)
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=b * k)
+    md.o_partial.fill_(float("nan"))
+    md.lse_partial.fill_(float("nan"))
+    out = torch.full((b, 1, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((b, h, 1), float("nan"), device="cuda")
+    mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
+    splits = md.split_offsets.diff()[:b].cpu()
+    assert splits.min() >= 2, splits.tolist()
+    # k < merge_few: every request few-split; past it: some request takes the general merge
+    if k < MERGE_FEW:
+        assert splits.max() <= MERGE_FEW, splits.tolist()
+    if k > MERGE_FEW:
+        assert splits.max() > MERGE_FEW, splits.tolist()
+    (ox, lx), (oe, le) = references(c, False)
+    assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
+    assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL
+    assert ref.lse_max_abs(lse, le) <= EMU_LSE
+    assert ref.rel_l2(out.float(), ox) <= 5e-2
+    assert torch.all(md.counters == 0)
 
 
 @pytest.mark.parametrize("batch", [32, 33])

@@ -72,18 +72,21 @@ def main():
     ap.add_argument("--parts", default="4,6,8,11,16,33,66")
     ap.add_argument("--trace-parts", default="66")
     ap.add_argument("--shapes", default="0,1", help="indices into SHAPES")
+    ap.add_argument("--shape", action="append", default=[], metavar="B,H,S_K", help="s_q1 shapes instead of --shapes")
     args = ap.parse_args()
     rows = []
-    for sh in [SHAPES[int(i)] for i in args.shapes.split(",")]:
+    shapes = [Shape(f"b{b} h{h} s_k{n}", b, h, 1, n, False)
+              for b, h, n in (tuple(int(v) for v in x.split(",")) for x in args.shape)]
+    for sh in shapes or [SHAPES[int(i)] for i in args.shapes.split(",")]:
         c = make_case(sh)
         q, cache, bt, lens, out, lse = (c[k] for k in ("q", "cache", "block_table", "seqlens", "out", "lse"))
         for parts in [int(p) for p in args.parts.split(",")]:
-            md = decode_metadata(lens, s_q=1, heads=128, num_parts=parts)
+            md = decode_metadata(lens, s_q=1, heads=sh.heads, num_parts=parts)
             us = time_us(lambda: ops.mla_decode(q, cache, bt, lens, metadata=md, out=out, lse=lse, check=False))
             rows.append((sh.name, parts, us))
             print(rows[-1], flush=True)
         for parts in [int(p) for p in args.trace_parts.split(",")]:
-            md = decode_metadata(lens, s_q=1, heads=128, num_parts=parts)
+            md = decode_metadata(lens, s_q=1, heads=sh.heads, num_parts=parts)
             for skip in ((), ("store",)):
                 print(f"== {sh.name}, {parts} parts, traced (ns from the first CTA start), skip {skip}")
                 print(summarize(traced(c, md, skip)), flush=True)

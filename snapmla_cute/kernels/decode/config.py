@@ -92,6 +92,12 @@ class DecodeConfig:
     # before its PV of blocks j-1 and j a consumer also waits for the transposer's signal of
     # j-1 (implied by j's: the transposer works and signals in block order)
     vt_wait_both: bool = False
+    # a request of at most this many splits (a divisor of MERGE_BATCH) merges with a thread
+    # per row for its LSE and MERGE_BATCH // n 8-dim items per thread at once (n: merge_few,
+    # or half of it when the splits fit); more splits, or 0: a warp per row and one item per
+    # thread at a time, which left a few splits' loads one round trip each (H100: dense b64
+    # h64 s_k2048 68.1 -> 58.3 us at 2-3 splits, b32 h64 s_k2048 39.1 -> 36.7 at 4-5)
+    merge_few: int = 8
     gather_unroll: int = 8  # sparse: a gathering warp's token loop unrolled (2: 173 us, 8: 139 us at b128 h128 topk2048)
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores

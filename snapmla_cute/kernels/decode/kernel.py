@@ -21,7 +21,7 @@ from cutlass.memory import SmemAllocator
 
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels import ptx
-from snapmla_cute.kernels.decode.config import FP8, SM90_SMEM_BYTES, DecodeConfig
+from snapmla_cute.kernels.decode.config import FP8, MERGE_BATCH, SM90_SMEM_BYTES, DecodeConfig
 from snapmla_cute.kernels.decode.consumer import Consumer, DecodeMmas
 from snapmla_cute.kernels.decode.epilogue import DecodeOutputs, Epilogue
 from snapmla_cute.kernels.decode.merge import Merger
@@ -39,6 +39,8 @@ from snapmla_cute.pipelines.kv_ring import KVRing
 
 class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
     def __init__(self, cfg: DecodeConfig):
+        if cfg.merge_few < 0 or (cfg.merge_few and MERGE_BATCH % cfg.merge_few):
+            raise ValueError(f"DecodeConfig: merge_few must be 0 or a divisor of {MERGE_BATCH}; got {cfg}")
         if cfg.sparse and (cfg.page_size != 1 or cfg.causal or cfg.s_q != 1):
             raise ValueError(f"DecodeConfig: sparse needs page_size 1, s_q 1, not causal; got {cfg}")
         if cfg.visible and not cfg.causal:

@@ -83,7 +83,18 @@ class Merger:
             )
             warp = ctid // 32
             lane = ctid % 32
-            for lr in cutlass.range(warp, nrows, roles.PAIR_THREADS // 32, unroll=1):
+            warp_rows = nrows  # rows merged a warp per row
+            few = n_splits <= 0  # a request of few splits: batched over rows and items
+            if cutlass.const_expr(cfg.merge_few > 0):
+                few = n_splits <= cfg.merge_few
+                if few:
+                    warp_rows = 0
+                    # a thread per row, its splits' loads issued together (rows <= 64 < threads)
+                    if ctid < nrows:
+                        self.few_split_lse(
+                            m_tile, req, r0 + ctid, ctid, first, n_splits, m_lse, m_lse_partial, s_w, s_lse
+                        )
+            for lr in cutlass.range(warp, warp_rows, roles.PAIR_THREADS // 32, unroll=1):
                 row = m_tile * L.M_TILE + r0 + lr
                 lse_max = -Float32.inf
                 for sp in cutlass.range(lane, n_splits, 32, unroll=1):
@@ -124,7 +135,22 @@ class Merger:
                 cute.make_ptr(Float32, kv_addr + 1024, cute.AddressSpace.smem, assumed_align=16),
                 cute.make_layout((8, roles.PAIR_THREADS), stride=(1, 8)),
             )
-            for it in cutlass.range(ctid % per_g, n_items, per_g, unroll=1):
+            item_end = n_items  # items merged one per thread at a time
+            if cutlass.const_expr(cfg.merge_few > 0):
+                if few and G == 1:
+                    item_end = 0
+                    # half as many splits: twice the items per thread at once
+                    if n_splits <= max(1, cfg.merge_few // 2):
+                        self.few_split_rows(
+                            m_tile, req, r0, first, n_splits, n_items, ctid, m_out, m_o_partial, s_w, s_lse,
+                            max(1, cfg.merge_few // 2),
+                        )
+                    else:
+                        self.few_split_rows(
+                            m_tile, req, r0, first, n_splits, n_items, ctid, m_out, m_o_partial, s_w, s_lse,
+                            cfg.merge_few,
+                        )
+            for it in cutlass.range(ctid % per_g, item_end, per_g, unroll=1):
                 lr = it // (CONTENT_DIM // 8)
                 d = (it % (CONTENT_DIM // 8)) * 8
                 row = m_tile * L.M_TILE + r0 + lr
@@ -176,3 +202,74 @@ class Merger:
                 if old == n_p - 1:
                     m_counters[req, 2 * m_tile] = 0
                     m_counters[req, 2 * m_tile + 1] = 0
+
+    @cute.jit
+    def few_split_lse(self, m_tile, req, share_row, lr, first, n_splits, m_lse, m_lse_partial, s_w, s_lse):
+        """The final LSE of one row of a request of at most ``merge_few`` splits and its
+        splits' weights exp(lse_s - lse), by one thread."""
+        cfg = self.cfg
+        F = cfg.merge_few
+        row = m_tile * L.M_TILE + share_row
+        v = cute.make_rmem_tensor((F,), Float32)
+        for u in cutlass.range_constexpr(F):
+            v[u] = -Float32.inf
+            if u < n_splits:
+                v[u] = m_lse_partial[row, first + u]
+        lse_max = v[0]
+        for u in cutlass.range_constexpr(1, F):
+            lse_max = cute.arch.fmax(lse_max, v[u])
+        lse = -Float32.inf
+        if lse_max != -Float32.inf:
+            total = Float32(0.0)
+            for u in cutlass.range_constexpr(F):
+                total += cute.math.exp(v[u] - lse_max)  # exp(-inf) = 0 past n_splits
+            lse = lse_max + cute.math.log(total)
+        for u in cutlass.range_constexpr(F):
+            w = Float32(0.0)
+            if lse != -Float32.inf:
+                w = cute.math.exp(v[u] - lse)
+            s_w[lr, u] = w
+        s_lse[lr] = lse
+        m_lse[req, row % cfg.heads, row // cfg.heads] = lse
+
+    @cute.jit
+    def few_split_rows(
+        self, m_tile, req, r0, first, n_splits, n_items, ctid, m_out, m_o_partial, s_w, s_lse, F: cutlass.Constexpr
+    ):
+        """out rows of a request of at most ``F`` splits: items (row, 8 dims),
+        ``MERGE_BATCH // F`` per thread with all their splits' loads issued together, then
+        added in split order."""
+        IB = MERGE_BATCH // F
+        PER_ROW = CONTENT_DIM // 8
+        T = roles.PAIR_THREADS
+        for it0 in cutlass.range(ctid, n_items, T * IB, unroll=1):
+            src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
+            ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
+            for k in cutlass.range_constexpr(IB):
+                it = it0 + k * T
+                lr = it // PER_ROW
+                d = (it % PER_ROW) * 8
+                row = m_tile * L.M_TILE + r0 + lr
+                for u in cutlass.range_constexpr(F):
+                    src[k * F + u].fill(0.0)
+                    ws[k * F + u] = 0.0
+                    if it < n_items and u < n_splits:
+                        if s_lse[lr] != -Float32.inf:
+                            ws[k * F + u] = s_w[lr, u]
+                            cute.autovec_copy(
+                                cute.local_tile(m_o_partial[row, None, first + u], (8,), (d // 8,)),
+                                src[k * F + u],
+                            )
+            for k in cutlass.range_constexpr(IB):
+                it = it0 + k * T
+                if it < n_items:
+                    lr = it // PER_ROW
+                    d = (it % PER_ROW) * 8
+                    row = m_tile * L.M_TILE + r0 + lr
+                    acc = cute.make_rmem_tensor((8,), Float32)
+                    acc.fill(0.0)
+                    for u in cutlass.range_constexpr(F):
+                        acc.store(acc.load() + src[k * F + u].load() * ws[k * F + u])
+                    res = cute.make_rmem_tensor((8,), BFloat16)
+                    res.store(acc.load().to(BFloat16))
+                    cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))

@@ -1,0 +1,47 @@
+"""GPU: the split merge of few-split requests batched over rows and items
+(``DecodeConfig.merge_few``) against the general merge (a warp per row for the LSE, one
+8-dim item per thread at a time), dense and sparse shapes whose requests split 2-5 ways.
+Prints graph-replay µs per variant, rounds interleaved.
+
+    python3 profiles/experiments/merge_few.py
+"""
+from tabulate import tabulate
+
+from snapmla_cute import mla_decode_sparse, ops
+from snapmla_cute.bench import time_us
+from snapmla_cute.bench_sparse import sparse_case
+from snapmla_cute.profiling import Shape, make_case
+
+DENSE = [(64, 64, 2048), (32, 64, 8192), (32, 64, 2048), (8, 128, 8192), (128, 128, 4096)]
+SPARSE = [(64, 64, 1, 2048, 8192), (32, 64, 1, 8192, 16384), (64, 8, 1, 2048, 8192), (128, 128, 1, 2048, 8192)]
+VARIANTS = {"general merge": {"merge_few": 0}, "few-split merge": {}}
+
+
+def main():
+    calls = []
+    for b, h, n in DENSE:
+        c = make_case(Shape(f"b{b} h{h} s_k{n}", b, h, 1, n, False))
+        calls.append((f"dense b{b} h{h} s_k{n}", c["step"]))
+    for b, h, s_q, topk, s_k in SPARSE:
+        cache, _, qq, idx, md = sparse_case(b, h, s_q, topk, s_k)
+        out, lse = mla_decode_sparse(qq, cache, idx, metadata=md)
+
+        def step(cache=cache, qq=qq, idx=idx, md=md, out=out, lse=lse):
+            return mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse, check=False)
+
+        calls.append((f"sparse b{b} h{h} topk{topk}", step))
+    rows = {name: {"shape": name} for name, _ in calls}
+    for rnd in range(2):
+        for vname, tune in VARIANTS.items():
+            ops.DECODE_TUNING.clear()
+            ops.DECODE_TUNING.update(tune)
+            for name, step in calls:
+                us = time_us(step)
+                rows[name][f"{vname} r{rnd}"] = round(us, 1)
+                print(name, vname, rnd, round(us, 1), flush=True)
+    ops.DECODE_TUNING.clear()
+    print(tabulate(list(rows.values()), headers="keys"))
+
+
+if __name__ == "__main__":
+    main()
