@@ -94,7 +94,9 @@ FLASHMLA_SPARSE_US = {
 # FlashMLA's sparse FP8 decode at h64: what an engine pays today when it pads 8 or 16 heads
 # per GPU to 64, the fewest that kernel runs on Hopper (sgl-flash-mla 1.0.0, V3.2 656-byte
 # format, topk distinct random tokens of an s_k-token request, page 64, CUDA-graph replay of
-# 10 calls, median of 30; H100 80GB HBM3, 2026-11-24)
+# 10 calls, median of 30; H100 80GB HBM3, 2026-11-24). Its b64 s_q1 and s_q2 rows (81.0,
+# 116.1) repeat FLASHMLA_SPARSE_US's h64 rows (80.2, 115.7) from another run: the gap is
+# run-to-run spread
 FLASHMLA_SPARSE_H64_PADDED_US = {
     "H100": {
         # (b, s_q, topk, s_k): µs

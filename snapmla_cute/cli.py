@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--with-standard", action="store_true", help="time --shape rows after the standard ones")
     b.add_argument("--plot", metavar="PNG", help="write a bar chart of the decode rows")
     b.add_argument("--few-heads", action="store_true",
-                   help="sparse: the 8- and 16-head rows (tensor-parallel serving) against their floor and the padded h64 path")
+                   help="with sparse (ignored otherwise): the 8- and 16-head rows (tensor-parallel serving) against their floor and the padded h64 path")
     b.set_defaults(func=_bench)
     pr = sub.add_parser("profile", help="Nsight Compute profile of the decode step (one kernel)")
     pr.add_argument("shapes", nargs="*", default=["s1", "s2"],

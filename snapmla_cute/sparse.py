@@ -109,8 +109,6 @@ def sparse_decode_metadata(
     return SparseDecodeMetadata(batch, s_q, heads, topk, num_parts, device)
 
 
-
-
 def _sparse_launcher(heads: int, s_q: int, bf16_q: bool):
     from snapmla_cute.kernels.decode import compile as decode_compile
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decode_cases import build_case, references
-from snapmla_cute import FP8KVCache, decode_metadata, mla_decode, quantize_q
+from snapmla_cute import decode_metadata, mla_decode, quantize_q
 from snapmla_cute.kernels.decode import DecodeConfig
 from snapmla_cute import reference as ref
 
@@ -308,10 +308,13 @@ def test_few_split_merge(seed, h, k):
     mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
     splits = md.split_offsets.diff()[:b].cpu()
     assert splits.min() >= 2, splits.tolist()
-    # k < merge_few: every request few-split; past it: some request takes the general merge
-    if k < MERGE_FEW:
-        assert splits.max() <= MERGE_FEW, splits.tolist()
-    if k > MERGE_FEW:
+    # each case pins one path: up to merge_few // 2 splits (more items per thread), up to
+    # merge_few, or past it the general merge for some request
+    if k <= MERGE_FEW // 2:
+        assert splits.max() <= MERGE_FEW // 2, splits.tolist()
+    elif k == MERGE_FEW:
+        assert splits.min() > MERGE_FEW // 2 and splits.max() <= MERGE_FEW, splits.tolist()
+    else:
         assert splits.max() > MERGE_FEW, splits.tolist()
     (ox, lx), (oe, le) = references(c, False)
     assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()

@@ -101,3 +101,20 @@ def test_merge_counts_and_waiting_splits(parts):
             assert sorted(s for s, _, _ in seen) == list(range(n)), (lens, parts, req)
             assert all(last for s, _, last in seen if s < n - 1), (lens, parts, req)
             assert len({p for _, p, _ in seen}) == n
+
+
+def test_few_split_merge_cases_take_each_merge_path():
+    """The GPU merge test's equal requests (8 of 64 or 63 blocks over 8·k parts) must land on
+    each path of the merge: at most merge_few // 2 splits, up to merge_few, and past it."""
+    from snapmla_cute.kernels.decode import DecodeConfig
+
+    few = DecodeConfig(heads=8, s_q=1, page_size=64, causal=False).merge_few
+    lens = [4096 - 64 * (i % 2) for i in range(8)]
+
+    def splits(k):
+        _, offsets = schedule_reference(lens, 8 * k)
+        return [b - a for a, b in zip(offsets[:8], offsets[1:9])]
+
+    assert 2 <= min(splits(2)) and max(splits(3)) <= few // 2
+    assert few // 2 < min(splits(few)) and max(splits(few)) <= few
+    assert max(splits(few + 1)) > few

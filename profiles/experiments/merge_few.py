@@ -1,7 +1,8 @@
 """GPU: the split merge of few-split requests batched over rows and items
 (``DecodeConfig.merge_few``) against the general merge (a warp per row for the LSE, one
-8-dim item per thread at a time), dense and sparse shapes whose requests split 2-5 ways.
-Prints graph-replay µs per variant, rounds interleaved.
+8-dim item per thread at a time), at dense and sparse shapes of split requests (a few ways at
+b32-b64; b8 h128 about 8 ways; b128 h128 unsplit, as a control). Prints graph-replay µs per
+variant, rounds interleaved.
 
     python3 profiles/experiments/merge_few.py
 """

@@ -93,10 +93,7 @@ class DecodeConfig:
     # j-1 (implied by j's: the transposer works and signals in block order)
     vt_wait_both: bool = False
     # a request of at most this many splits (a divisor of MERGE_BATCH) merges with a thread
-    # per row for its LSE and MERGE_BATCH // n 8-dim items per thread at once (n: merge_few,
-    # or half of it when the splits fit); more splits, or 0: a warp per row and one item per
-    # thread at a time, which left a few splits' loads one round trip each (H100: dense b64
-    # h64 s_k2048 68.1 -> 58.3 us at 2-3 splits, b32 h64 s_k2048 39.1 -> 36.7 at 4-5)
+    # per row and all its splits' loads issued together (Merger.few_split_lse); 0: never
     merge_few: int = 8
     gather_unroll: int = 8  # sparse: a gathering warp's token loop unrolled (2: 173 us, 8: 139 us at b128 h128 topk2048)
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
@@ -109,11 +106,11 @@ class DecodeConfig:
     # the e4m3 content chain of QK issued this many times (timing only: 2 is the tensor and
     # shared-memory work of a query kept as two e4m3 terms, hi + lo, without its extra tile)
     qk_content_passes: int = 1
-    # %globaltimer stamps of each CTA's milestones over the last split slab of the fp32
-    # partials (``trace.TRACE_EVENTS``; ``profiles/experiments/trace_small.py``)
+    # %globaltimer stamps of each CTA's milestones at the end of the fp32 partials
+    # (``trace.trace_words``, ``trace.TRACE_EVENTS``; ``profiles/experiments/trace_small.py``)
     trace: bool = False
     # SM clock stamps of each consumer WG's first owned blocks, of the producer's stage
-    # acquisitions and of the transposer, over the second-to-last split slab
+    # acquisitions and of the transposer, just before the ``trace`` rows
     # (``trace.LOOP_EVENTS``; ``profiles/experiments/trace_loop.py``)
     trace_loop: bool = False
 

@@ -4,8 +4,11 @@ The launch is cooperative, so every part's CTA is resident and a CTA may wait fo
 Each split of a request counts itself (``counters``) once its partial result is written.
 Splits 0..n-2 process their request last in their part; they, and the idle parts the plan
 sends to help, wait for the count and merge a share of its rows each: lse = max + log Σ
-exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s. The last split processes the request first
-in its part and goes on. The last merger resets the counters for the next call.
+exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s. A request of at most
+``DecodeConfig.merge_few`` splits merges batched (a thread per row for the LSE, several 8-dim
+items per thread with all their splits' loads issued together); more splits merge a warp per
+row and an item per thread at a time. The last split processes the request first in its
+part and goes on. The last merger resets the counters for the next call.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ class Merger:
             # the KV stages are idle now (this is the part's last request): scratch
             s_lse = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16), cute.make_layout((L.M_TILE,)))
             # 1. final LSE of each row of the share, a warp per row and a lane per split (all
-            # of a row's loads in flight at once); the splits' weights exp(lse_s - lse) go to
+            # of a row's loads in flight at once; more than merge_few splits, else a thread
+            # per row: few_split_lse); the splits' weights exp(lse_s - lse) go to
             # shared memory for step 2, so its loads do not wait on an exp
             s_w = cute.make_tensor(
                 cute.make_ptr(Float32, kv_addr + MERGE_W_OFFSET, cute.AddressSpace.smem, assumed_align=16),
@@ -84,9 +88,8 @@ class Merger:
             warp = ctid // 32
             lane = ctid % 32
             warp_rows = nrows  # rows merged a warp per row
-            few = n_splits <= 0  # a request of few splits: batched over rows and items
             if cutlass.const_expr(cfg.merge_few > 0):
-                few = n_splits <= cfg.merge_few
+                few = n_splits <= cfg.merge_few  # batched over rows and items
                 if few:
                     warp_rows = 0
                     # a thread per row, its splits' loads issued together (rows <= 64 < threads)

@@ -1,5 +1,5 @@
 """Profiling stamps of the decode kernel (``DecodeConfig.trace`` / ``trace_loop``; never set
-by the library). The stamps overwrite split slabs of the fp32 partials, so a traced call's
+by the library). The stamps overwrite the end of the fp32 partials, so a traced call's
 split requests come out wrong; the scripts in ``profiles/experiments`` read them back.
 
 * ``trace``: %globaltimer (low 32 bits) at each CTA's milestones, one row of
@@ -42,7 +42,7 @@ def trace_words(o_partial, ctas: int, loop: bool = False):
     n = flat.numel() - ctas * TRACE_WORDS
     if loop:
         n -= ctas * LOOP_WORDS
-        return flat[n: n + ctas * LOOP_WORDS].view(ctas, LOOP_WORDS)
+        return flat[n : n + ctas * LOOP_WORDS].view(ctas, LOOP_WORDS)
     return flat[n:].view(ctas, TRACE_WORDS)
 
 
