@@ -74,7 +74,9 @@ def test_pip_install_into_fresh_venv(tmp_path):
     assert r.returncode == 0 and "accuracy" in r.stdout, r.stderr
     code = (
         "import importlib.util, sys, snapmla_cute, snapmla_cute.layouts, snapmla_cute.pipelines;"
+        "import snapmla_cute.kernels.decode as D;"
         "assert snapmla_cute.__file__.startswith(sys.argv[1]), snapmla_cute.__file__;"
+        "assert D.__file__.startswith(sys.argv[1]), D.__file__;"
         "assert snapmla_cute.layouts.__file__.startswith(sys.argv[1]), snapmla_cute.layouts.__file__;"
         "assert importlib.util.find_spec('layouts') is None and importlib.util.find_spec('pipelines') is None"
     )

@@ -4,6 +4,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,3 +35,12 @@ def test_distribution_declares_no_top_level_layouts():
     top = (dist.read_text("top_level.txt") or "").split()
     assert "layouts" not in top and "pipelines" not in top
     assert dist.entry_points.select(group="console_scripts", name="snapmla-cute")
+
+
+def test_every_package_of_the_tree_is_declared():
+    """pyproject lists its packages by hand: a subpackage left out installs without its files
+    (an editable install still finds them, a wheel does not)."""
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "snapmla_cute").rglob("__init__.py")}
+    found |= {"snapmla_cute.layouts", "snapmla_cute.pipelines"}
+    assert found == declared, (sorted(found - declared), sorted(declared - found))
