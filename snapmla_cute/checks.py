@@ -4,6 +4,8 @@ which read back to the host once per call and are skipped under CUDA-graph captu
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -51,19 +53,88 @@ def check_same_device(**tensors):
         raise ValueError(f"tensors on different devices: {devices}")
 
 
-def check_values(*, finite=(), slots=(), ranges=()):
-    """The value checks of a fused op with one host sync: ``finite`` (name, tensor) must hold
+def check_softmax_scale(softmax_scale):
+    """``None`` (the default 576^-0.5) or a finite float > 0."""
+    if softmax_scale is None:
+        return
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale: expected a finite value > 0, got {softmax_scale!r}")
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    if t.numel() == 0:
+        return (0, 0)
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def check_disjoint(written: dict, read: dict):
+    """Each tensor of ``written`` (name: tensor, or None) shares no byte with another tensor of
+    ``written`` or ``read``: a kernel writing one while other CTAs read the other would race."""
+    w = [(n, _byte_span(t)) for n, t in written.items() if t is not None]
+    r = [(n, _byte_span(t)) for n, t in read.items() if t is not None]
+    for i, (a, (a0, a1)) in enumerate(w):
+        for b, (b0, b1) in w[i + 1:] + r:
+            if a0 < b1 and b0 < a1:
+                raise ValueError(
+                    f"{a} and {b}: expected separate memory, got overlapping bytes "
+                    f"[{a0:#x}, {a1:#x}) and [{b0:#x}, {b1:#x})"
+                )
+
+
+def check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, *, lists: int, rows: int,
+                       counters_shape: tuple, max_lists: int, max_parts: int):
+    """The buffers of a split-KV plan handed in by the caller (the custom ops' metadata): the
+    kernel indexes them by sizes its argument decoder does not tie, so a short one would be
+    written past its end."""
+    try:  # the custom ops' per-call path: one expression when all is well
+        parts = sched.shape[0]
+        if (1 <= lists <= max_lists and 1 <= parts <= max_parts and sched.shape == (parts, 8)
+                and split_offsets.shape == (lists + 1,) and o_partial.shape[0] >= lists + parts
+                and o_partial.shape[1:] == (rows, 512) and lse_partial.shape == o_partial.shape[:2]
+                and counters.shape == counters_shape and sched.dtype == split_offsets.dtype == counters.dtype
+                == torch.int32 and o_partial.dtype == lse_partial.dtype == torch.float32):
+            return
+    except (AttributeError, IndexError, TypeError):
+        pass
+    for name, t, dtype in (("sched", sched, torch.int32), ("split_offsets", split_offsets, torch.int32),
+                           ("o_partial", o_partial, torch.float32), ("lse_partial", lse_partial, torch.float32),
+                           ("counters", counters, torch.int32)):
+        check_tensor(name, t, dtype)
+    if not 1 <= lists <= max_lists:
+        raise ValueError(f"split_offsets: expected 1..{max_lists} requests (+1 entries), got shape {tuple(split_offsets.shape)}")
+    parts = sched.shape[0] if sched.dim() == 2 else -1
+    if sched.dim() != 2 or sched.shape[1] != 8 or not 1 <= parts <= max_parts:
+        raise ValueError(f"sched: expected shape (parts, 8) with 1 <= parts <= {max_parts}, got {tuple(sched.shape)}")
+    if tuple(split_offsets.shape) != (lists + 1,):
+        raise ValueError(f"split_offsets: expected shape ({lists + 1},), got {tuple(split_offsets.shape)}")
+    n = lists + parts  # each part boundary adds at most one split
+    if o_partial.dim() != 3 or o_partial.shape[0] < n or tuple(o_partial.shape[1:]) != (rows, 512):
+        raise ValueError(f"o_partial: expected shape (>= {n}, {rows}, 512), got {tuple(o_partial.shape)}")
+    if tuple(lse_partial.shape) != tuple(o_partial.shape[:2]):
+        raise ValueError(f"lse_partial: expected shape {tuple(o_partial.shape[:2])}, got {tuple(lse_partial.shape)}")
+    if tuple(counters.shape) != tuple(counters_shape):
+        raise ValueError(f"counters: expected shape {tuple(counters_shape)}, got {tuple(counters.shape)}")
+
+
+def check_values(*, finite=(), slots=(), ranges=(), extra=None):
+    """The value checks of a call with one host sync: ``finite`` (name, tensor) must hold
     no NaN/Inf, ``slots`` (name, int64 tensor, num_slots) must lie in [0, num_slots) or be -1,
-    ``ranges`` (name, integer tensor, lo, hi) in [lo, hi]. Skipped under CUDA-graph capture
-    (the kernels skip a slot outside the cache themselves)."""
+    ``ranges`` (name, integer tensor, lo, hi) in [lo, hi]; ``extra`` (int64 tensor, check)
+    reads more values in the same sync and hands them to ``check`` (which raises). Skipped
+    under CUDA-graph capture (the kernels skip a slot outside the cache themselves)."""
     if capturing():
         return
     finite = [(n, t) for n, t in finite if t.numel()]
     slots = [(n, t, k) for n, t, k in slots if t.numel()]
     ranges = [(n, t, lo, hi) for n, t, lo, hi in ranges if t.numel()]
-    parts = [torch.isfinite(t).all().to(torch.int64).view(1) for _, t in finite]
+    parts = [_all_finite(t).to(torch.int64).view(1) for _, t in finite]
     parts += [torch.stack([t.min(), t.max()]).to(torch.int64) for _, t, _ in slots]
     parts += [torch.stack([t.min(), t.max()]).to(torch.int64) for _, t, _, _ in ranges]
+    if extra is not None:
+        parts.append(extra[0].to(torch.int64).view(-1))
     if not parts:
         return
     vals = torch.cat(parts).tolist()  # the one sync
@@ -79,3 +150,11 @@ def check_values(*, finite=(), slots=(), ranges=()):
         lo, hi = vals[base + 2 * j : base + 2 * j + 2]
         if lo < lo_ok or hi > hi_ok:
             raise ValueError(f"{name}: expected values in [{lo_ok}, {hi_ok}], got values in [{lo}, {hi}]")
+    if extra is not None:
+        extra[1](vals[base + 2 * len(ranges):])
+
+
+def _all_finite(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.float8_e4m3fn:  # no Inf; NaN is S.1111.111
+        return ((t.view(torch.uint8) & 0x7F) != 0x7F).all()
+    return torch.isfinite(t).all()

@@ -181,11 +181,15 @@ def mla_decode_cp(
     if isinstance(placement, RoundRobin):
         if placement.world != world:
             raise ValueError(f"placement: RoundRobin over {placement.world} ranks, the group has {world}")
+        rank = dist.get_rank(group) if world > 1 else 0
+        if placement.rank != rank:  # a wrong rank would mask by other ranks' global positions
+            raise ValueError(f"placement: expected RoundRobin.rank {rank} (this process's rank in the group), got {placement.rank}")
     elif not isinstance(placement, Contiguous):
         raise TypeError(f"placement: expected RoundRobin or Contiguous, got {type(placement).__name__}")
     qt = q[0] if isinstance(q, (tuple, list)) and q else q
     if not isinstance(qt, torch.Tensor) or qt.dim() != 4:
-        raise ValueError("q: expected a [b, s_q, h, 576] bf16 tensor or the quantize_q tuple")
+        got = f"shape {tuple(qt.shape)}" if isinstance(qt, torch.Tensor) else type(qt).__name__
+        raise ValueError(f"q: expected a [b, s_q, h, 576] bf16 tensor or the quantize_q tuple, got {got}")
     b, s_q, h = qt.shape[:3]
     _check_capture_ready("mla_decode_cp", "cp_decode_metadata", metadata, out, lse)
     if metadata is None:

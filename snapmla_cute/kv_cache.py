@@ -49,9 +49,11 @@ class FP8KVCache:
         if kv.device != kv_scale.device:
             raise ValueError(f"FP8KVCache: kv on {kv.device} but kv_scale on {kv_scale.device}")
         if not kv.is_contiguous() or not kv_scale.is_contiguous():
-            raise ValueError("FP8KVCache: kv and kv_scale must be contiguous")
+            raise ValueError(
+                f"FP8KVCache: kv and kv_scale must be contiguous, got strides {kv.stride()} and {kv_scale.stride()}"
+            )
         if kv.data_ptr() % 16:
-            raise ValueError("FP8KVCache: kv must be 16-byte aligned")
+            raise ValueError(f"FP8KVCache: kv must be 16-byte aligned, got an address {kv.data_ptr() % 16} past it")
         self.kv = kv
         self.kv_scale = kv_scale
         self.page_size = kv.shape[1]  # a plain attribute: the decode hot path reads it per call

@@ -14,7 +14,10 @@ import torch
 from snapmla_cute.checks import capturing as _capturing
 from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_cuda as _check_cuda
+from snapmla_cute.checks import check_disjoint as _check_disjoint
+from snapmla_cute.checks import check_plan_buffers as _check_plan_buffers
 from snapmla_cute.checks import check_same_device as _check_same_device
+from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
 from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
@@ -56,14 +59,18 @@ def _validate_quantize_q(q, out):
     _check_cuda(q=q)
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 3:
-            raise TypeError("out: expected (q_nope, q_rope, q_scale)")
+            raise TypeError(f"out: expected (q_nope, q_rope, q_scale), got {type(out).__name__}"
+                            + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
         lead = q.shape[:-1]
         q_nope, q_rope, q_scale = out
         _check_tensor("out[0]", q_nope, torch.float8_e4m3fn, last=CONTENT_DIM)
         _check_tensor("out[1]", q_rope, torch.bfloat16, last=ROPE_DIM)
         _check_tensor("out[2]", q_scale, torch.float32)
         if q_nope.shape[:-1] != lead or q_rope.shape[:-1] != lead or q_scale.shape != lead:
-            raise ValueError(f"out: expected shapes {(*lead, CONTENT_DIM)}, {(*lead, ROPE_DIM)}, {tuple(lead)}")
+            raise ValueError(
+                f"out: expected shapes {(*lead, CONTENT_DIM)}, {(*lead, ROPE_DIM)}, {tuple(lead)}, "
+                f"got {tuple(q_nope.shape)}, {tuple(q_rope.shape)}, {tuple(q_scale.shape)}"
+            )
         _check_cuda(q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
         _check_same_device(q=q, q_nope=q_nope, q_rope=q_rope, q_scale=q_scale)
 
@@ -225,7 +232,13 @@ class DecodeMetadata:
 
     @classmethod
     def from_buffers(cls, sched, split_offsets, o_partial, lse_partial, counters, *, s_q: int, heads: int) -> "DecodeMetadata":
-        """Wraps buffers made by an earlier ``decode_metadata`` (the custom-op path)."""
+        """Wraps buffers made by an earlier ``decode_metadata`` (the custom-op path); checks
+        their shapes against each other (the kernel writes by them)."""
+        rows = s_q * heads
+        batch = split_offsets.shape[0] - 1 if isinstance(split_offsets, torch.Tensor) and split_offsets.dim() == 1 else -1
+        _check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, lists=batch, rows=rows,
+                            counters_shape=(batch, 2 * ((rows + 63) // 64)), max_lists=_scheduler.MAX_BATCH,
+                            max_parts=_merge_max_splits())
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.num_parts = split_offsets.shape[0] - 1, s_q, heads, sched.shape[0]
         md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
@@ -236,6 +249,18 @@ class DecodeMetadata:
 
     def update(self, cache_seqlens: torch.Tensor) -> None:
         _launcher(_scheduler.compile)(cache_seqlens, self.sched, self.split_offsets)
+
+
+_MERGE_MAX_SPLITS = []
+
+
+def _merge_max_splits() -> int:
+    """Splits one request may have (the in-kernel merge's room); imported on first use."""
+    if not _MERGE_MAX_SPLITS:
+        from snapmla_cute.kernels.decode.config import MERGE_MAX_SPLITS
+
+        _MERGE_MAX_SPLITS.append(MERGE_MAX_SPLITS)
+    return _MERGE_MAX_SPLITS[0]
 
 
 def _num_sms(device) -> int:
@@ -271,6 +296,10 @@ def decode_metadata(
     from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
 
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
+    if isinstance(s_q, bool) or not isinstance(s_q, int) or not 1 <= s_q <= MAX_S_Q:
+        raise ValueError(f"s_q: expected an int in [1, {MAX_S_Q}], got {s_q!r}")
+    if heads not in HEADS:
+        raise ValueError(f"heads: expected one of {HEADS}, got {heads!r}")
     if not 1 <= cache_seqlens.shape[0] <= MAX_BATCH:
         raise ValueError(f"cache_seqlens: expected a batch of 1..{MAX_BATCH} requests, got {cache_seqlens.shape[0]}")
     _check_cuda(cache_seqlens=cache_seqlens)
@@ -280,7 +309,7 @@ def decode_metadata(
     slots = max(1, min(_num_sms(cache_seqlens.device) // m_tiles, MERGE_MAX_SPLITS))
     if num_parts is None:
         num_parts = default_num_parts(cache_seqlens.shape[0], m_tiles, slots * m_tiles)
-    elif not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
+    elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
         # the decode launch is cooperative (split requests merge in-kernel): one wave at most
         raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
     md = DecodeMetadata(cache_seqlens.shape[0], s_q, heads, num_parts, cache_seqlens.device)
@@ -391,8 +420,10 @@ def mla_decode(
     ``softmax_scale`` defaults to 576^-0.5. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and
     ``lse`` fp32 ``[b, h, s_q]`` (natural log).
 
-    ``check`` reads ``cache_seqlens`` back to the host to check it against the block table
-    (a sync). With ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse``
+    ``check`` reads values back to the host in one sync: ``cache_seqlens`` >= 0 and within
+    the block table, the table's page ids in the cache where a request has tokens, the query
+    finite (skipped under CUDA-graph capture). ``out``/``lse`` must not share memory with
+    each other, the query or the cache. With ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse``
     given, a call is one TVM-FFI call and nothing else: the compiled step's argument decoder
     checks every tensor's dtype, shape, strides, alignment and device (batch sizes tied across
     arguments) before anything launches, and a rejected call is explained by the same
@@ -415,22 +446,13 @@ def mla_decode(
     b, s_q, h, q_dev = _validate_decode(
         q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal, visible
     )
-    if check and not _capturing() and b:
-        lens = cache_seqlens.cpu()
-        if int(lens.min()) < 0:
-            raise ValueError(f"cache_seqlens: expected values >= 0, got min {int(lens.min())}")
-        need = int((lens.max() + cache.page_size - 1) // cache.page_size)
-        if need > block_table.shape[1]:
-            raise ValueError(
-                f"block_table: a sequence of {int(lens.max())} tokens needs {need} pages, table has {block_table.shape[1]} columns"
-            )
+    if check and b and not _capturing():
+        _check_values(finite=_query_values(q), extra=_table_stats(block_table, cache_seqlens, cache))
     _check_capture_ready("mla_decode", "decode_metadata", metadata, out, lse)
     if metadata is None:
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h)
     bf16_q = not isinstance(q, (tuple, list))
     if bf16_q:
-        if check:
-            _check_values(finite=(("q", q),))
         if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
             q, bf16_q = quantize_q(q, check=False), False
         elif visible is not None:  # the visible step takes a quantized query
@@ -444,6 +466,43 @@ def mla_decode(
     fn, args = _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible)
     fn(*args)
     return out, lse
+
+
+def _query_values(q) -> tuple:
+    """The query tensors whose values ``check=True`` reads (finite): a NaN or Inf in any of
+    them makes every output of its row NaN."""
+    if isinstance(q, (tuple, list)):
+        return tuple(zip(("q_nope", "q_rope", "q_scale"), q))
+    return (("q", q),)
+
+
+def _table_stats(block_table, cache_seqlens, cache):
+    """``check_values``' extra: the lengths' range and the first page id of the block table
+    that a request uses and the cache does not hold, read in the check's one sync. An id
+    outside the cache is read as zeros by the kernel (a key of score 0, not a masked one)."""
+    b, width = block_table.shape
+    ps, num_pages = cache.page_size, cache.kv.shape[0]
+    lens = cache_seqlens.to(torch.int64)
+    used = torch.arange(width, device=block_table.device)[None, :] < ((lens.clamp_min(0) + ps - 1) // ps)[:, None]
+    bad = (used & ((block_table < 0) | (block_table >= num_pages))).reshape(-1)
+    first = bad.to(torch.int32).argmax()
+    stats = torch.stack([lens.min(), lens.max(), bad.any().to(torch.int64), first.to(torch.int64),
+                         block_table.reshape(-1)[first].to(torch.int64)])
+
+    def check(vals):
+        lo, hi, any_bad, at, page = vals
+        if lo < 0:
+            raise ValueError(f"cache_seqlens: expected values >= 0, got min {lo}")
+        need = (hi + ps - 1) // ps
+        if need > width:
+            raise ValueError(f"block_table: a sequence of {hi} tokens needs {need} pages, table has {width} columns")
+        if any_bad:
+            raise ValueError(
+                f"block_table: expected page ids in [0, {num_pages}) where a request has tokens, "
+                f"got {page} at request {at // width}, column {at % width}"
+            )
+
+    return stats, check
 
 
 def _validate_query(q, cache, heads: tuple, max_s_q: int):
@@ -478,8 +537,9 @@ def _validate_query(q, cache, heads: tuple, max_s_q: int):
     return b, s_q, h, q_dev
 
 
-def _validate_outputs(out, lse, b, s_q, h, q_dev):
-    """``out`` bf16 [b, s_q, h, 512] and ``lse`` fp32 [b, h, s_q] on q's device, if given."""
+def _validate_outputs(out, lse, b, s_q, h, q_dev, q=None, cache=None):
+    """``out`` bf16 [b, s_q, h, 512] and ``lse`` fp32 [b, h, s_q] on q's device, if given, in
+    memory of their own (not each other's, nor the query's or the cache's, when given)."""
     if out is not None:
         _check_tensor("out", out, torch.bfloat16, dim=4)
         if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
@@ -492,6 +552,13 @@ def _validate_outputs(out, lse, b, s_q, h, q_dev):
             raise ValueError(f"lse: expected shape {(b, h, s_q)}, got {tuple(lse.shape)}")
         _check_cuda(lse=lse)
         _check_same_device(q=q_dev, lse=lse)
+    if out is not None or lse is not None:
+        read = {}
+        if q is not None:
+            read.update(zip(("q_nope", "q_rope", "q_scale"), q) if isinstance(q, (tuple, list)) else {"q": q})
+        if cache is not None:
+            read.update(kv=cache.kv, kv_scale=cache.kv_scale)
+        _check_disjoint({"out": out, "lse": lse}, read)
 
 
 def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal=False,
@@ -499,8 +566,7 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
     """Every structural check of a decode call (no host sync); raises with what was expected
     and what came. Returns ``(b, s_q, h, device)``."""
     b, s_q, h, q_dev = _validate_query(q, cache, HEADS, MAX_S_Q)
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    _check_softmax_scale(softmax_scale)
     _check_tensor("block_table", block_table, torch.int32, dim=2, rows_strided=True)
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
     if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
@@ -509,7 +575,7 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
         )
     _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
     _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
-    _validate_outputs(out, lse, b, s_q, h, q_dev)
+    _validate_outputs(out, lse, b, s_q, h, q_dev, q, cache)
     if visible is not None:
         if not causal:
             raise ValueError("visible: given with causal=False (it sets the causal limit of each query token)")

@@ -15,7 +15,9 @@ import torch
 
 from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_cuda as _check_cuda
+from snapmla_cute.checks import check_plan_buffers as _check_plan_buffers
 from snapmla_cute.checks import check_same_device as _check_same_device
+from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
@@ -26,7 +28,9 @@ from snapmla_cute.ops import (
     DECODE_TUNING,
     _hot_sparse,
     _launcher,
+    _merge_max_splits,
     _num_sms,
+    _query_values,
     _validate_outputs,
     _validate_query,
     default_num_parts,
@@ -71,9 +75,17 @@ class SparseDecodeMetadata:
     def from_buffers(cls, sched, split_offsets, o_partial, lse_partial, counters, full_lengths, *, s_q: int,
                      heads: int, topk: int) -> "SparseDecodeMetadata":
         """Wraps buffers made by an earlier ``sparse_decode_metadata`` (the custom-op path);
-        ``full_lengths`` stands for the lengths of a call without ``topk_length``."""
+        ``full_lengths`` stands for the lengths of a call without ``topk_length``. Checks the
+        buffers' shapes against each other (the kernel writes by them)."""
+        from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
+
+        lists = split_offsets.shape[0] - 1 if isinstance(split_offsets, torch.Tensor) and split_offsets.dim() == 1 else -1
+        batch = lists // s_q if lists % s_q == 0 else -1
+        _check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, lists=batch * s_q, rows=heads,
+                            counters_shape=(batch, s_q, 2 * ((heads + 63) // 64)), max_lists=MAX_BATCH,
+                            max_parts=_merge_max_splits())
         md = cls.__new__(cls)
-        md.batch, md.s_q, md.heads, md.topk = (split_offsets.shape[0] - 1) // s_q, s_q, heads, topk
+        md.batch, md.s_q, md.heads, md.topk = batch, s_q, heads, topk
         md.num_parts = sched.shape[0]
         md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
         md.counters, md.full_lengths, md.q_args = counters, full_lengths, None
@@ -158,7 +170,7 @@ def mla_decode_sparse(
     ``[b, h, s_q]`` (natural log); a list with no token gives zeros and -inf.
 
     ``check`` also reads the values back once (a sync): ids in [-1, num_slots),
-    ``topk_length`` in [0, topk], q finite. With ``check=False`` nothing is read back: an id
+    ``topk_length`` in [0, topk], the query finite. With ``check=False`` nothing is read back: an id
     outside the cache (or < -1) is no token, a length past ``topk`` counts ``topk``; no
     access leaves the cache or the lists. With ``check=False``, ``metadata``, ``out`` and
     ``lse`` given, a call is one compiled call (its argument decoder checks every tensor).
@@ -168,9 +180,11 @@ def mla_decode_sparse(
             lengths = metadata.full_lengths if topk_length is None else topk_length
             bf16_q, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
             fn = _hot_sparse[(metadata.heads, metadata.s_q, bf16_q)]
-        except (KeyError, AttributeError, TypeError):
+            if topk_length is None and metadata.topk != indices.shape[-1]:
+                fn = None  # the metadata's full lengths are another topk's: the checks below say so
+        except (KeyError, AttributeError, TypeError, IndexError):
             fn = None
-        if fn is not None and (topk_length is not None or metadata.topk == indices.shape[-1]):
+        if fn is not None:
             try:
                 fn(*args)
             except Exception:
@@ -183,8 +197,7 @@ def mla_decode_sparse(
         checks = {"slots": (("indices", indices, cache.num_slots),)}
         if topk_length is not None:
             checks["ranges"] = (("topk_length", topk_length, 0, topk),)
-        if bf16_q:
-            checks["finite"] = (("q", q),)
+        checks["finite"] = _query_values(q)
         _check_values(**checks)
     _check_capture_ready("mla_decode_sparse", "sparse_decode_metadata", metadata, out, lse)
     if metadata is None:
@@ -210,8 +223,7 @@ def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, ou
     b, s_q, h, q_dev = _validate_query(q, cache, SPARSE_HEADS, SPARSE_MAX_S_Q)
     if b < 1:
         raise ValueError(f"q: expected a batch of at least 1, got {b}")
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    _check_softmax_scale(softmax_scale)
     _check_tensor("indices", indices, torch.int32, dim=3)
     if tuple(indices.shape[:2]) != (b, s_q) or indices.shape[2] < 1:
         raise ValueError(f"indices: expected shape ({b}, {s_q}, topk >= 1), got {tuple(indices.shape)}")
@@ -223,7 +235,7 @@ def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, ou
         if topk_length.shape[0] != b:
             raise ValueError(f"topk_length: expected shape ({b},), got {tuple(topk_length.shape)}")
         _check_same_device(q=q_dev, topk_length=topk_length)
-    _validate_outputs(out, lse, b, s_q, h, q_dev)
+    _validate_outputs(out, lse, b, s_q, h, q_dev, q, cache)
     if metadata is not None:
         if not isinstance(metadata, SparseDecodeMetadata):
             raise TypeError(

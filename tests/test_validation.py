@@ -98,3 +98,167 @@ def test_step_arguments_one_builder_for_every_path():
     bf16_q, args = ops._step_args(q, cache, bt, lens, md, out, lse, 0.1)
     assert bf16_q is True and args[0] is q and args[1:4] == (t[2], t[3], t[4])
     assert args[-1] == pytest.approx(0.1 * math.log2(math.e))
+
+
+@pytest.fixture
+def no_cuda_check(monkeypatch):
+    """CPU stand-in for the decode checks that come after the CUDA-device one."""
+    import snapmla_cute.ops as ops
+    import snapmla_cute.sparse as sp
+
+    monkeypatch.setattr(ops, "_check_cuda", lambda **k: None)
+    monkeypatch.setattr(sp, "_check_cuda", lambda **k: None)
+    return ops
+
+
+def _dense_case(lens, table, num_pages=4):
+    cache = FP8KVCache.allocate(num_pages, 64, device="cpu")
+    q = torch.zeros(len(lens), 1, 16, 576, dtype=torch.bfloat16)
+    return q, cache, torch.tensor(table, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+
+
+def test_block_table_ids_are_checked_where_requests_have_tokens(no_cuda_check):
+    """An id outside the cache would read as a zero key (score 0, counted): check=True
+    rejects it in a column a request uses, before any launch; unused columns may hold anything."""
+    from snapmla_cute import mla_decode
+
+    ops = no_cuda_check
+    out = torch.full((2, 1, 16, 512), float("nan"), dtype=torch.bfloat16)
+    for table, lens, where in (([[0, 1], [2, 999]], [100, 65], "got 999 at request 1, column 1"),
+                               ([[-5, 1], [2, 3]], [1, 128], "got -5 at request 0, column 0")):
+        q, cache, bt, cl = _dense_case(lens, table)
+        with pytest.raises(ValueError, match=f"block_table: expected page ids in \\[0, 4\\).*{where}"):
+            mla_decode(q, cache, bt, cl, out=out)
+        assert torch.isnan(out.float()).all()  # nothing written
+    q, cache, bt, cl = _dense_case([100, 64, 0], [[0, 1], [2, 999], [-1, -1]])
+    ops._check_values(extra=ops._table_stats(bt, cl, cache))  # only used columns count
+    q, cache, bt, cl = _dense_case([100, 200], [[0, 1], [2, 3]])
+    with pytest.raises(ValueError, match="block_table: a sequence of 200 tokens needs 4 pages, table has 2 columns"):
+        ops._check_values(extra=ops._table_stats(bt, cl, cache))
+    q, cache, bt, cl = _dense_case([100, -3], [[0, 1], [2, 3]])
+    with pytest.raises(ValueError, match="cache_seqlens: expected values >= 0, got min -3"):
+        ops._check_values(extra=ops._table_stats(bt, cl, cache))
+
+
+def test_quantized_query_values_are_checked(no_cuda_check):
+    from snapmla_cute import mla_decode
+
+    q, cache, bt, cl = _dense_case([10], [[0]])
+    qq = (torch.zeros(1, 1, 16, 512, dtype=torch.float8_e4m3fn), torch.zeros(1, 1, 16, 64, dtype=torch.bfloat16),
+          torch.ones(1, 1, 16))
+    bad_nope = qq[0].clone()
+    bad_nope.view(torch.uint8)[0, 0, 3, 7] = 0xFF  # e4m3 NaN
+    bad_scale = qq[2].clone()
+    bad_scale[0, 0, 1] = float("inf")
+    for qx, name in (((bad_nope, qq[1], qq[2]), "q_nope"), ((qq[0], qq[1], bad_scale), "q_scale")):
+        with pytest.raises(ValueError, match=f"{name}: expected finite values, got NaN or Inf"):
+            mla_decode(qx, cache, bt, cl)
+
+
+def test_softmax_scale_and_output_memory_are_checked(no_cuda_check):
+    from snapmla_cute import mla_decode
+
+    q, cache, bt, cl = _dense_case([10], [[0]])
+    for bad in (float("nan"), 0.0, -0.1, float("inf")):
+        with pytest.raises(ValueError, match="softmax_scale: expected a finite value > 0"):
+            mla_decode(q, cache, bt, cl, softmax_scale=bad)
+    with pytest.raises(TypeError, match="softmax_scale: expected a float or None, got bool"):
+        mla_decode(q, cache, bt, cl, softmax_scale=True)
+    buf = torch.empty(16 * 512 + 64, dtype=torch.bfloat16)
+    out = buf[: 16 * 512].view(1, 1, 16, 512)
+    lse = buf[16 * 512 - 32 :].view(torch.float32)[:16].view(1, 16, 1)
+    with pytest.raises(ValueError, match="out and lse: expected separate memory"):
+        mla_decode(q, cache, bt, cl, out=out, lse=lse)
+    big = torch.zeros(2 * 16 * 576, dtype=torch.bfloat16)
+    q = big[: 16 * 576].view(1, 1, 16, 576)
+    out = big[16 * 576 - 8 : 16 * 576 - 8 + 16 * 512].view(1, 1, 16, 512)  # q's last 8 values
+    with pytest.raises(ValueError, match="out and q: expected separate memory"):
+        mla_decode(q, cache, bt, cl, out=out)
+    with pytest.raises(ValueError, match="lse and kv: expected separate memory"):
+        mla_decode(q, cache, bt, cl, lse=cache.kv.view(-1).view(torch.float32)[:16].view(1, 16, 1))
+
+
+def test_decode_metadata_checks_its_shape():
+    import snapmla_cute.ops as ops
+
+    lens = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="s_q: expected an int in \\[1, 8\\], got 0"):
+        ops.decode_metadata(lens, s_q=0, heads=16)
+    with pytest.raises(ValueError, match="heads: expected one of .*, got 7"):
+        ops.decode_metadata(lens, s_q=1, heads=7)
+
+
+def test_plan_buffers_from_the_caller_are_checked():
+    """The custom ops wrap buffers they are handed: one too short for the plan's splits (or
+    a batch past the planner's shared memory) is refused, not written past."""
+    import snapmla_cute.ops as ops
+    import snapmla_cute.sparse as sp
+    from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
+
+    b, h, parts = 4, 16, 8
+    bufs = dict(sched=torch.zeros(parts, 8, dtype=torch.int32), split_offsets=torch.zeros(b + 1, dtype=torch.int32),
+                o_partial=torch.empty(b + parts, h, 512), lse_partial=torch.empty(b + parts, h),
+                counters=torch.zeros(b, 2, dtype=torch.int32))
+    md = ops.DecodeMetadata.from_buffers(*bufs.values(), s_q=1, heads=h)
+    assert (md.batch, md.num_parts) == (b, parts)
+    bad = [
+        (dict(o_partial=torch.empty(b + parts - 1, h, 512), lse_partial=torch.empty(b + parts - 1, h)),
+         "o_partial: expected shape \\(>= 12, 16, 512\\)"),
+        (dict(lse_partial=torch.empty(b + parts, h + 1)), "lse_partial: expected shape"),
+        (dict(counters=torch.zeros(b, 4, dtype=torch.int32)), "counters: expected shape \\(4, 2\\)"),
+        (dict(sched=torch.zeros(parts, 7, dtype=torch.int32)), "sched: expected shape \\(parts, 8\\)"),
+        (dict(sched=torch.zeros(161, 8, dtype=torch.int32)), "sched: expected shape"),
+        (dict(split_offsets=torch.zeros(MAX_BATCH + 2, dtype=torch.int32),
+              counters=torch.zeros(MAX_BATCH + 1, 2, dtype=torch.int32)), "split_offsets: expected 1..8192 requests"),
+        (dict(o_partial=torch.empty(b + parts, h, 512, dtype=torch.float64)), "o_partial: expected dtype torch.float32"),
+    ]
+    for change, msg in bad:
+        with pytest.raises((ValueError, TypeError), match=msg):
+            ops.DecodeMetadata.from_buffers(*dict(bufs, **change).values(), s_q=1, heads=h)
+    s_q = 2
+    sbufs = dict(sched=torch.zeros(parts, 8, dtype=torch.int32),
+                 split_offsets=torch.zeros(b * s_q + 1, dtype=torch.int32),
+                 o_partial=torch.empty(b * s_q + parts, h, 512), lse_partial=torch.empty(b * s_q + parts, h),
+                 counters=torch.zeros(b, s_q, 2, dtype=torch.int32), full_lengths=torch.full((b,), 64, dtype=torch.int32))
+    smd = sp.SparseDecodeMetadata.from_buffers(*sbufs.values(), s_q=s_q, heads=h, topk=64)
+    assert (smd.batch, smd.num_parts) == (b, parts)
+    with pytest.raises(ValueError, match="o_partial: expected shape \\(>= 16, 16, 512\\)"):
+        sp.SparseDecodeMetadata.from_buffers(*dict(sbufs, o_partial=torch.empty(b * s_q, h, 512)).values(),
+                                             s_q=s_q, heads=h, topk=64)
+
+
+def test_sparse_hot_path_explains_bad_indices(no_cuda_check, monkeypatch):
+    """With check=False and a compiled step at hand, indices that are not a tensor fall back to
+    the Python checks (a clear error), not an AttributeError."""
+    import snapmla_cute.ops as ops
+    import snapmla_cute.sparse as sp
+
+    b, s_q, h = 2, 1, 16
+    cache = FP8KVCache.allocate(4, 64, device="cpu")
+    qq = (torch.zeros(b, s_q, h, 512, dtype=torch.float8_e4m3fn), torch.zeros(b, s_q, h, 64, dtype=torch.bfloat16),
+          torch.ones(b, s_q, h))
+    smd = sp.SparseDecodeMetadata.from_buffers(
+        torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512),
+        torch.empty(3, h), torch.zeros(b, s_q, 2, dtype=torch.int32), torch.full((b,), 4, dtype=torch.int32),
+        s_q=s_q, heads=h, topk=4)
+    monkeypatch.setitem(ops._hot_sparse, (h, s_q, False), lambda *a: pytest.fail("launched"))
+    out = torch.empty(b, s_q, h, 512, dtype=torch.bfloat16)
+    lse = torch.empty(b, h, s_q)
+    with pytest.raises(TypeError, match="indices: expected a torch.Tensor, got list"):
+        sp.mla_decode_sparse(qq, cache, [[1, 2]], metadata=smd, out=out, lse=lse, check=False)
+
+
+def test_context_parallel_rank_must_be_the_process_rank(monkeypatch):
+    import torch.distributed as dist
+
+    from snapmla_cute import distributed
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
+    cache = FP8KVCache.allocate(1, 64, device="cpu")
+    lens = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="placement: expected RoundRobin.rank 1 .*, got 0"):
+        distributed.mla_decode_cp(q, cache, torch.zeros(1, 1, dtype=torch.int32), lens,
+                                  placement=distributed.RoundRobin(0, 2))
