@@ -152,7 +152,7 @@ def print_table(rows, json_path: str | None = None):
 
 
 DECODE_SHAPES = [
-    # (b, h, s_q, s_k, varlen): the performance issue's table
+    # (b, h, s_q, s_k, varlen): the standard decode shapes
     (128, 128, 1, 4096, False),
     (128, 128, 1, 8192, False),
     (128, 128, 1, 32768, False),
