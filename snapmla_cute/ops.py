@@ -485,9 +485,13 @@ def _table_stats(block_table, cache_seqlens, cache):
     lens = cache_seqlens.to(torch.int64)
     used = torch.arange(width, device=block_table.device)[None, :] < ((lens.clamp_min(0) + ps - 1) // ps)[:, None]
     bad = (used & ((block_table < 0) | (block_table >= num_pages))).reshape(-1)
-    first = bad.to(torch.int32).argmax()
-    stats = torch.stack([lens.min(), lens.max(), bad.any().to(torch.int64), first.to(torch.int64),
-                         block_table.reshape(-1)[first].to(torch.int64)])
+    if bad.numel():
+        at = torch.arange(bad.numel(), device=bad.device)
+        first = torch.where(bad, at, bad.numel()).min().clamp_max(bad.numel() - 1)
+        table = [bad.any().to(torch.int64), first, block_table.reshape(-1)[first].to(torch.int64)]
+    else:
+        table = [torch.zeros((), dtype=torch.int64, device=lens.device)] * 3
+    stats = torch.stack([lens.min(), lens.max(), *table])
 
     def check(vals):
         lo, hi, any_bad, at, page = vals
