@@ -216,7 +216,17 @@ def test_bad_inputs_rejected_before_launch(seed):
         (lambda: mla_decode(q, cache, bt, lens, out=out.float()), TypeError, "out"),
         (lambda: mla_decode(q, cache, bt, lens, lse=torch.empty(2, 1, 64, device="cuda")), ValueError, "lse: expected shape"),
         (lambda: mla_decode(q, cache, bt, lens, metadata=decode_metadata(lens, s_q=2, heads=64)), ValueError, "metadata"),
+        (lambda: mla_decode(q, cache, bad_page, lens, out=out), ValueError, "block_table: expected page ids .* at request 1, column 3"),
+        (lambda: mla_decode((qq[0], qq[1], nan_scale), cache, bt, lens, out=out), ValueError, "q_scale: expected finite"),
+        (lambda: mla_decode(q, cache, bt, lens, softmax_scale=0.0, out=out), ValueError, "softmax_scale"),
+        (lambda: mla_decode(q, cache, bt, lens, out=out, lse=out.view(-1)[:256].view(torch.float32).view(2, 64, 1)),
+         ValueError, "out and lse: expected separate memory"),
     ]
+    bad_page = bt.clone()
+    bad_page[1, 3] = cache.kv.shape[0]  # request 1's last page (200 tokens: 4 pages)
+    qq = quantize_q(q)
+    nan_scale = qq[2].clone()
+    nan_scale[0, 0, 5] = float("nan")
     for call, exc, words in cases:
         with pytest.raises(exc, match=words):
             call()
