@@ -170,10 +170,12 @@ def mla_decode_sparse(
     ``[b, h, s_q]`` (natural log); a list with no token gives zeros and -inf.
 
     ``check`` also reads the values back once (a sync): ids in [-1, num_slots),
-    ``topk_length`` in [0, topk], the query finite. With ``check=False`` nothing is read back: an id
-    outside the cache (or < -1) is no token, a length past ``topk`` counts ``topk``; no
-    access leaves the cache or the lists. With ``check=False``, ``metadata``, ``out`` and
-    ``lse`` given, a call is one compiled call (its argument decoder checks every tensor).
+    ``topk_length`` in [0, topk], the query finite. With ``check=False`` nothing is read
+    back: an id outside the cache (or < -1) is no token, a length past ``topk`` counts ``topk`` (its
+    masked blocks still cost time); no access leaves the cache or the lists. Lengths must
+    still lie in ``[0, 2^31 - 64)``: the in-kernel plan does not clamp them yet. With
+    ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one compiled call (its
+    argument decoder checks every tensor).
     """
     if not check and metadata is not None and out is not None and lse is not None:
         try:
