@@ -423,9 +423,9 @@ def mla_decode(
     ``check`` reads values back to the host in one sync: ``cache_seqlens`` >= 0 and within
     the block table, the table's page ids in the cache where a request has tokens, the query
     finite (skipped under CUDA-graph capture). ``out``/``lse`` must not share memory with
-    each other, the query or the cache. Without the check, lengths must lie in
-    ``[0, 2^31 - 64)``: the in-kernel plan does not clamp them yet (a negative one can place
-    split rows past the fp32 partials). With ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse``
+    each other, the query or the cache. Lengths above ``decode_scheduler.MAX_SEQLEN`` are refused; without the
+    check they must lie in ``[0, MAX_SEQLEN]``: the in-kernel plan does not clamp them yet
+    (a negative one can place split rows past the fp32 partials). With ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse``
     given, a call is one TVM-FFI call and nothing else: the compiled step's argument decoder
     checks every tensor's dtype, shape, strides, alignment and device (batch sizes tied across
     arguments) before anything launches, and a rejected call is explained by the same
@@ -499,6 +499,10 @@ def _table_stats(block_table, cache_seqlens, cache):
         lo, hi, any_bad, at, page = vals
         if lo < 0:
             raise ValueError(f"cache_seqlens: expected values >= 0, got min {lo}")
+        if hi > _scheduler.MAX_SEQLEN:
+            raise ValueError(
+                f"cache_seqlens: expected values <= {_scheduler.MAX_SEQLEN} (the longest request the plan counts), got max {hi}"
+            )
         need = (hi + ps - 1) // ps
         if need > width:
             raise ValueError(f"block_table: a sequence of {hi} tokens needs {need} pages, table has {width} columns")

@@ -21,6 +21,7 @@ from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
+from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN as _MAX_SEQLEN
 from snapmla_cute.kv_cache import FP8KVCache
 from snapmla_cute.ops import (
     _DEFAULT_SCALE_LOG2,
@@ -105,7 +106,7 @@ def sparse_decode_metadata(
 
     device = torch.device("cuda") if device is None else torch.device(device)
     for name, v, lo, hi in (("batch", batch, 1, MAX_BATCH // max(1, s_q)), ("s_q", s_q, 1, SPARSE_MAX_S_Q),
-                            ("topk", topk, 1, 1 << 30)):
+                            ("topk", topk, 1, _MAX_SEQLEN)):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
     if heads not in SPARSE_HEADS:
@@ -173,7 +174,7 @@ def mla_decode_sparse(
     ``topk_length`` in [0, topk], the query finite. With ``check=False`` nothing is read
     back: an id outside the cache (or < -1) is no token, a length past ``topk`` counts ``topk`` (its
     masked blocks still cost time); no access leaves the cache or the lists. Lengths must
-    still lie in ``[0, 2^31 - 64)``: the in-kernel plan does not clamp them yet. With
+    still lie in ``[0, MAX_SEQLEN]``: the in-kernel plan does not clamp them yet. With
     ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one compiled call (its
     argument decoder checks every tensor).
     """
@@ -227,8 +228,8 @@ def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, ou
         raise ValueError(f"q: expected a batch of at least 1, got {b}")
     _check_softmax_scale(softmax_scale)
     _check_tensor("indices", indices, torch.int32, dim=3)
-    if tuple(indices.shape[:2]) != (b, s_q) or indices.shape[2] < 1:
-        raise ValueError(f"indices: expected shape ({b}, {s_q}, topk >= 1), got {tuple(indices.shape)}")
+    if tuple(indices.shape[:2]) != (b, s_q) or not 1 <= indices.shape[2] <= _MAX_SEQLEN:
+        raise ValueError(f"indices: expected shape ({b}, {s_q}, 1 <= topk <= {_MAX_SEQLEN}), got {tuple(indices.shape)}")
     topk = indices.shape[2]
     _check_cuda(indices=indices, cache=cache.kv)
     _check_same_device(q=q_dev, cache=cache.kv, indices=indices)

@@ -262,3 +262,19 @@ def test_context_parallel_rank_must_be_the_process_rank(monkeypatch):
     with pytest.raises(ValueError, match="placement: expected RoundRobin.rank 1 .*, got 0"):
         distributed.mla_decode_cp(q, cache, torch.zeros(1, 1, dtype=torch.int32), lens,
                                   placement=distributed.RoundRobin(0, 2))
+
+
+def test_lengths_past_the_plans_range_are_refused(no_cuda_check):
+    """The plan counts blocks in int32: lengths above MAX_SEQLEN (its sums could wrap) are
+    refused with check=True, as sparse lists longer than that."""
+    import snapmla_cute.ops as ops
+    import snapmla_cute.sparse as sp
+    from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, MAX_SEQLEN
+
+    assert MAX_BATCH * (MAX_SEQLEN // 64 + 5) < 2**31
+    cache = FP8KVCache.allocate(1, 64, device="cpu")
+    bt = torch.zeros(1, 0, dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"cache_seqlens: expected values <= {MAX_SEQLEN} .*, got max {MAX_SEQLEN + 1}"):
+        ops._check_values(extra=ops._table_stats(bt, torch.tensor([MAX_SEQLEN + 1], dtype=torch.int32), cache))
+    with pytest.raises(ValueError, match=f"topk: expected an int in \\[1, {MAX_SEQLEN}\\]"):
+        sp.sparse_decode_metadata(1, 1, 16, MAX_SEQLEN + 1, device="cpu")

@@ -45,6 +45,9 @@ class SchedulerConfig:
 
 
 MAX_BATCH = 8192  # the prefix sums live in shared memory
+# the longest request the plan counts exactly: MAX_BATCH requests of (2^31 / MAX_BATCH - 6)
+# blocks and their overhead units stay below 2^31, so its int32 sums never wrap
+MAX_SEQLEN = (2**31 // MAX_BATCH - 6) * 64
 THREADS = 256
 
 
