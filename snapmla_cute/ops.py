@@ -424,7 +424,8 @@ def mla_decode(
     the block table, the table's page ids in the cache where a request has tokens, the query
     finite (skipped under CUDA-graph capture). ``out``/``lse`` must not share memory with
     each other, the query or the cache. Lengths above ``decode_scheduler.MAX_SEQLEN`` are refused; without the
-    check the kernel clamps each to ``[0, MAX_SEQLEN]`` (a negative one: an empty request). With ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse``
+    check they must lie in ``[0, MAX_SEQLEN]``: the in-kernel plan does not clamp them yet
+    (a negative one can place split rows past the fp32 partials). With ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse``
     given, a call is one TVM-FFI call and nothing else: the compiled step's argument decoder
     checks every tensor's dtype, shape, strides, alignment and device (batch sizes tied across
     arguments) before anything launches, and a rejected call is explained by the same
