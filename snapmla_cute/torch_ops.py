@@ -5,7 +5,9 @@ without graph breaks and keep CUDA-graph capture simple: every argument is a ten
 plain scalar, the metadata travels as its five buffers, and no value check reads device
 memory back. ``append_kv`` mutates the cache tensors; ``mla_decode`` mutates the metadata
 buffers (the decode kernel rewrites the plan from ``cache_seqlens``; the split counters
-return to zero).
+return to zero). Pass the buffers of one ``decode_metadata`` / ``sparse_decode_metadata``:
+their shapes are checked against each other per call, their values are not (the counters
+must be zero, as those functions make them and every call leaves them).
 """
 
 from __future__ import annotations
