@@ -489,11 +489,13 @@ def _table_stats(block_table, cache_seqlens, cache):
     bad = (used & ((block_table < 0) | (block_table >= num_pages))).reshape(-1)
     if bad.numel():
         at = torch.arange(bad.numel(), device=bad.device)
-        first = torch.where(bad, at, bad.numel()).min().clamp_max(bad.numel() - 1)
-        table = [bad.any().to(torch.int64), first, block_table.reshape(-1)[first].to(torch.int64)]
+        first = torch.where(bad, at, bad.numel()).min().clamp_max(bad.numel() - 1).view(1)
+        # index_select, not [first]: a 0-dim index tensor would be read back (a sync)
+        page = block_table.reshape(-1).index_select(0, first).to(torch.int64)
+        table = torch.cat([bad.any().to(torch.int64).view(1), first, page])
     else:
-        table = [torch.zeros((), dtype=torch.int64, device=lens.device)] * 3
-    stats = torch.stack([lens.min(), lens.max(), *table])
+        table = torch.zeros(3, dtype=torch.int64, device=lens.device)
+    stats = torch.cat([torch.stack([lens.min(), lens.max()]), table])
 
     def check(vals):
         lo, hi, any_bad, at, page = vals
