@@ -33,6 +33,7 @@ import torch
 from snapmla_cute.checks import capturing as _capturing
 from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_cuda as _check_cuda
+from snapmla_cute.checks import check_disjoint as _check_disjoint
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.format import CONTENT_DIM
@@ -41,7 +42,8 @@ from snapmla_cute.ops import HEADS, MAX_S_Q, DecodeMetadata, _launcher, _validat
 
 @dataclass(frozen=True)
 class RoundRobin:
-    """Global token ``g`` on rank ``g % world``, at index ``g // world`` of that rank's cache."""
+    """Global token ``g`` on rank ``g % world``, at index ``g // world`` of that rank's cache;
+    ``mla_decode_cp`` requires ``rank`` to be this process's rank in its group."""
 
     rank: int
     world: int
@@ -128,6 +130,7 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor, *, out=None, lse=None
     _check_cuda(outs=outs, lses=lses)
     _check_same_device(outs=outs, lses=lses)
     _validate_outputs(out, lse, b, s_q, h, outs.device)
+    _check_disjoint({"out": out, "lse": lse}, {"outs": outs, "lses": lses})
     if _capturing() and (out is None or lse is None):
         raise ValueError("merge_partials under CUDA-graph capture needs out and lse (made before capture)")
     return _merge_into(outs, lses, out, lse)
@@ -202,6 +205,10 @@ def mla_decode_cp(
             f"got {(b, s_q, h, world)}"
         )
     _validate_outputs(out, lse, b, s_q, h, qt.device)  # before anything runs: nothing written on error
+    if check:  # the merge reads these while it writes out and lse
+        _check_disjoint({"out": out, "lse": lse}, {"metadata.local_out": metadata.local_out,
+                        "metadata.local_lse": metadata.local_lse, "metadata.outs": metadata.outs,
+                        "metadata.lses": metadata.lses})
     decode_shard(
         q, cache, block_table, cache_seqlens, placement=placement, global_seqlens=global_seqlens, causal=causal,
         softmax_scale=softmax_scale, metadata=metadata, check=check,

@@ -488,8 +488,7 @@ def _table_stats(block_table, cache_seqlens, cache):
     used = torch.arange(width, device=block_table.device)[None, :] < ((lens.clamp_min(0) + ps - 1) // ps)[:, None]
     bad = (used & ((block_table < 0) | (block_table >= num_pages))).reshape(-1)
     if bad.numel():
-        at = torch.arange(bad.numel(), device=bad.device)
-        first = torch.where(bad, at, bad.numel()).min().clamp_max(bad.numel() - 1).view(1)
+        first = bad.view(torch.uint8).argmax().view(1)  # the first bad entry (0 if none)
         # index_select, not [first]: a 0-dim index tensor would be read back (a sync)
         page = block_table.reshape(-1).index_select(0, first).to(torch.int64)
         table = torch.cat([bad.any().to(torch.int64).view(1), first, page])

@@ -278,3 +278,13 @@ def test_lengths_past_the_plans_range_are_refused(no_cuda_check):
         ops._check_values(extra=ops._table_stats(bt, torch.tensor([MAX_SEQLEN + 1], dtype=torch.int32), cache))
     with pytest.raises(ValueError, match=f"topk: expected an int in \\[1, {MAX_SEQLEN}\\]"):
         sp.sparse_decode_metadata(1, 1, 16, MAX_SEQLEN + 1, device="cpu")
+
+
+def test_merge_refuses_outputs_inside_its_partials(no_cuda_check, monkeypatch):
+    from snapmla_cute import distributed
+
+    monkeypatch.setattr(distributed, "_check_cuda", lambda **k: None)
+    outs = torch.zeros(2, 1, 1, 16, 512, dtype=torch.bfloat16)
+    lses = torch.zeros(2, 1, 16, 1)
+    with pytest.raises(ValueError, match="out and outs: expected separate memory"):
+        distributed.merge_partials(outs, lses, out=outs[1], lse=torch.empty(1, 16, 1))
