@@ -80,6 +80,8 @@ class SparseDecodeMetadata:
         buffers' shapes against each other (the kernel writes by them)."""
         from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
 
+        if not 1 <= s_q <= SPARSE_MAX_S_Q:
+            raise ValueError(f"s_q: expected an int in [1, {SPARSE_MAX_S_Q}], got {s_q!r}")
         lists = split_offsets.shape[0] - 1 if isinstance(split_offsets, torch.Tensor) and split_offsets.dim() == 1 else -1
         batch = lists // s_q if lists % s_q == 0 else -1
         _check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, lists=batch * s_q, rows=heads,

@@ -222,6 +222,8 @@ def test_plan_buffers_from_the_caller_are_checked():
                  counters=torch.zeros(b, s_q, 2, dtype=torch.int32), full_lengths=torch.full((b,), 64, dtype=torch.int32))
     smd = sp.SparseDecodeMetadata.from_buffers(*sbufs.values(), s_q=s_q, heads=h, topk=64)
     assert (smd.batch, smd.num_parts) == (b, parts)
+    with pytest.raises(ValueError, match="s_q: expected an int in \\[1, 8\\], got 0"):
+        sp.SparseDecodeMetadata.from_buffers(*sbufs.values(), s_q=0, heads=h, topk=64)
     with pytest.raises(ValueError, match="o_partial: expected shape \\(>= 16, 16, 512\\)"):
         sp.SparseDecodeMetadata.from_buffers(*dict(sbufs, o_partial=torch.empty(b * s_q, h, 512)).values(),
                                              s_q=s_q, heads=h, topk=64)
