@@ -108,7 +108,12 @@ def quantize_q(
                 torch.empty(*lead, ROPE_DIM, dtype=torch.bfloat16, device=q.device),
                 torch.empty(*lead, dtype=torch.float32, device=q.device),
             )
-    if q.numel():
+    try:
+        n = q.numel()
+    except AttributeError:  # not a tensor (check=False): say so
+        _validate_quantize_q(q, out)
+        raise
+    if n:
         _run(
             _quant_q.compile_call, q.shape[1:3], lambda: _quant_q.QuantQCallConfig(q.shape[1], q.shape[2]),
             (q, *out), lambda: _validate_quantize_q(q, out),
@@ -145,9 +150,14 @@ def append_kv(
     if check:
         _validate_append_kv(cache, kv, slot_mapping)
         _check_values(finite=(("kv", kv),), slots=(("slot_mapping", slot_mapping, cache.num_slots),))
-    if kv.shape[0]:
+    try:
+        n, ps = kv.shape[0], cache.page_size
+    except AttributeError:  # not a tensor or a cache (check=False): say so
+        _validate_append_kv(cache, kv, slot_mapping)
+        raise
+    if n:
         _run(
-            _append_kv.compile_call, cache.page_size, lambda: _append_kv.AppendKVCallConfig(cache.page_size),
+            _append_kv.compile_call, ps, lambda: _append_kv.AppendKVCallConfig(ps),
             (kv, slot_mapping, *cache.step_args), lambda: _validate_append_kv(cache, kv, slot_mapping),
         )
 
@@ -183,9 +193,14 @@ def dequantize_kv(
             _check_values(slots=(("slots", slots, cache.num_slots),))
         if out is None:
             out = torch.empty(slots.shape[0], HEAD_DIM, dtype=torch.bfloat16, device=slots.device)
-    if slots.shape[0]:
+    try:
+        n, ps = slots.shape[0], cache.page_size
+    except AttributeError:  # not a tensor or a cache (check=False): say so
+        _validate_dequantize_kv(cache, slots, out)
+        raise
+    if n:
         _run(
-            _dequant_kv.compile_call, cache.page_size, lambda: _dequant_kv.DequantKVCallConfig(cache.page_size),
+            _dequant_kv.compile_call, ps, lambda: _dequant_kv.DequantKVCallConfig(ps),
             (*cache.step_args, slots, out), lambda: _validate_dequantize_kv(cache, slots, out),
         )
     return out

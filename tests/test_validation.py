@@ -290,3 +290,17 @@ def test_merge_refuses_outputs_inside_its_partials(no_cuda_check, monkeypatch):
     lses = torch.zeros(2, 1, 16, 1)
     with pytest.raises(ValueError, match="out and outs: expected separate memory"):
         distributed.merge_partials(outs, lses, out=outs[1], lse=torch.empty(1, 16, 1))
+
+
+def test_fused_ops_explain_non_tensors_without_checks():
+    """check=False skips the Python checks, not the explanation of a wrong type."""
+    cache = FP8KVCache.allocate(2, 16, device="cpu")
+    slots = torch.arange(4)
+    q_out = (torch.empty(1, 1, 16, 512, dtype=torch.float8_e4m3fn), torch.empty(1, 1, 16, 64, dtype=torch.bfloat16),
+             torch.empty(1, 1, 16))
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor, got list"):
+        quantize_q([1, 2], check=False, out=q_out)
+    with pytest.raises(TypeError, match="kv: expected a torch.Tensor, got list"):
+        append_kv(cache, [1, 2], slots, check=False)
+    with pytest.raises(TypeError, match="cache: expected FP8KVCache, got str"):
+        dequantize_kv("cache", slots, out=torch.empty(4, 576, dtype=torch.bfloat16), check=False)
