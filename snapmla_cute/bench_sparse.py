@@ -94,10 +94,10 @@ def sparse_floor_us(b, h, s_q, topk, copy_tbps: float) -> float:
 
 def bench_sparse(shapes=SPARSE_SHAPES, page_size: int = 64, verify: bool = True, dense: bool = True,
                  few_heads: bool = False) -> list[dict]:
-    """Times ``mla_decode_sparse`` (quantized q, reused metadata, CUDA-graph replay); checks the
-    last query token of up to two requests of each shape against the emulation first. ``few_heads``: the rows are
-    judged against their floor and beside FlashMLA at h64 (the padded path) instead of
-    beside FlashMLA at the same heads and our dense decode."""
+    """Times ``mla_decode_sparse`` (quantized q, reused metadata, CUDA-graph replay); checks
+    the last query token of up to two requests of each shape against the emulation first.
+    ``few_heads``: the rows are judged against their floor and beside FlashMLA at h64 (the
+    padded path) instead of beside FlashMLA at the same heads and our dense decode."""
     from snapmla_cute import anchors, mla_decode_sparse
     from snapmla_cute import reference as ref
 

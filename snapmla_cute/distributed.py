@@ -33,7 +33,6 @@ import torch
 from snapmla_cute.checks import capturing as _capturing
 from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_cuda as _check_cuda
-from snapmla_cute.checks import check_disjoint as _check_disjoint
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.format import CONTENT_DIM
@@ -129,8 +128,7 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor, *, out=None, lse=None
         raise ValueError(f"outs: expected heads in {HEADS} and s_q in [1, {MAX_S_Q}], got {h} and {s_q}")
     _check_cuda(outs=outs, lses=lses)
     _check_same_device(outs=outs, lses=lses)
-    _validate_outputs(out, lse, b, s_q, h, outs.device)
-    _check_disjoint({"out": out, "lse": lse}, {"outs": outs, "lses": lses})
+    _validate_outputs(out, lse, b, s_q, h, outs.device, {"outs": outs, "lses": lses})
     if _capturing() and (out is None or lse is None):
         raise ValueError("merge_partials under CUDA-graph capture needs out and lse (made before capture)")
     return _merge_into(outs, lses, out, lse)
@@ -204,11 +202,10 @@ def mla_decode_cp(
             f"metadata: made for (batch, s_q, heads, world) = {(metadata.batch, metadata.s_q, metadata.heads, metadata.world)}, "
             f"got {(b, s_q, h, world)}"
         )
-    _validate_outputs(out, lse, b, s_q, h, qt.device)  # before anything runs: nothing written on error
-    if check:  # the merge reads these while it writes out and lse
-        _check_disjoint({"out": out, "lse": lse}, {"metadata.local_out": metadata.local_out,
-                        "metadata.local_lse": metadata.local_lse, "metadata.outs": metadata.outs,
-                        "metadata.lses": metadata.lses})
+    # before anything runs: nothing written on error; with check, not inside what the merge reads
+    merged = {"metadata.local_out": metadata.local_out, "metadata.local_lse": metadata.local_lse,
+              "metadata.outs": metadata.outs, "metadata.lses": metadata.lses} if check else None
+    _validate_outputs(out, lse, b, s_q, h, qt.device, merged)
     decode_shard(
         q, cache, block_table, cache_seqlens, placement=placement, global_seqlens=global_seqlens, causal=causal,
         softmax_scale=softmax_scale, metadata=metadata, check=check,

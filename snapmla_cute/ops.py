@@ -42,6 +42,16 @@ def _launcher(compile_fn, key: tuple = (), make_config=None):
     return fn
 
 
+def _explained(validate, get):
+    """``get()``, whose attribute reads fail on a non-tensor argument (``check=False`` skips
+    the checks): then ``validate`` says what was expected and what came."""
+    try:
+        return get()
+    except AttributeError:
+        validate()
+        raise
+
+
 def _run(compile_fn, key, make_config, args, validate):
     """One compiled call with the tensors as they are; the argument decoder (in C) checks
     dtypes, shapes, strides and devices, and a rejected call is explained by ``validate``
@@ -108,15 +118,11 @@ def quantize_q(
                 torch.empty(*lead, ROPE_DIM, dtype=torch.bfloat16, device=q.device),
                 torch.empty(*lead, dtype=torch.float32, device=q.device),
             )
-    try:
-        n = q.numel()
-    except AttributeError:  # not a tensor (check=False): say so
-        _validate_quantize_q(q, out)
-        raise
-    if n:
+    validate = lambda: _validate_quantize_q(q, out)  # noqa: E731
+    if _explained(validate, lambda: q.numel()):
         _run(
             _quant_q.compile_call, q.shape[1:3], lambda: _quant_q.QuantQCallConfig(q.shape[1], q.shape[2]),
-            (q, *out), lambda: _validate_quantize_q(q, out),
+            (q, *out), validate,
         )
         _hot_quant[q.shape] = _launchers[(_quant_q.compile_call, q.shape[1:3])]
     return tuple(out)
@@ -150,15 +156,12 @@ def append_kv(
     if check:
         _validate_append_kv(cache, kv, slot_mapping)
         _check_values(finite=(("kv", kv),), slots=(("slot_mapping", slot_mapping, cache.num_slots),))
-    try:
-        n, ps = kv.shape[0], cache.page_size
-    except AttributeError:  # not a tensor or a cache (check=False): say so
-        _validate_append_kv(cache, kv, slot_mapping)
-        raise
+    validate = lambda: _validate_append_kv(cache, kv, slot_mapping)  # noqa: E731
+    n, ps = _explained(validate, lambda: (kv.shape[0], cache.page_size))
     if n:
         _run(
             _append_kv.compile_call, ps, lambda: _append_kv.AppendKVCallConfig(ps),
-            (kv, slot_mapping, *cache.step_args), lambda: _validate_append_kv(cache, kv, slot_mapping),
+            (kv, slot_mapping, *cache.step_args), validate,
         )
 
 
@@ -193,15 +196,12 @@ def dequantize_kv(
             _check_values(slots=(("slots", slots, cache.num_slots),))
         if out is None:
             out = torch.empty(slots.shape[0], HEAD_DIM, dtype=torch.bfloat16, device=slots.device)
-    try:
-        n, ps = slots.shape[0], cache.page_size
-    except AttributeError:  # not a tensor or a cache (check=False): say so
-        _validate_dequantize_kv(cache, slots, out)
-        raise
+    validate = lambda: _validate_dequantize_kv(cache, slots, out)  # noqa: E731
+    n, ps = _explained(validate, lambda: (slots.shape[0], cache.page_size))
     if n:
         _run(
             _dequant_kv.compile_call, ps, lambda: _dequant_kv.DequantKVCallConfig(ps),
-            (*cache.step_args, slots, out), lambda: _validate_dequantize_kv(cache, slots, out),
+            (*cache.step_args, slots, out), validate,
         )
     return out
 
@@ -255,7 +255,7 @@ class DecodeMetadata:
                             counters_shape=(batch, 2 * ((rows + 63) // 64)), max_lists=_scheduler.MAX_BATCH,
                             max_parts=_merge_max_splits())
         md = cls.__new__(cls)
-        md.batch, md.s_q, md.heads, md.num_parts = split_offsets.shape[0] - 1, s_q, heads, sched.shape[0]
+        md.batch, md.s_q, md.heads, md.num_parts = batch, s_q, heads, sched.shape[0]
         md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
         md.counters = counters
         md.q_nope = md.q_rope = md.q_scale = None
@@ -307,21 +307,20 @@ def decode_metadata(
     launch is cooperative) is how many CTAs share the KV work of one query tile; requests
     cut by a part boundary are split, and their splits merged inside the decode kernel.
     """
-    from snapmla_cute.kernels.decode import MERGE_MAX_SPLITS
-    from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
-
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
     if isinstance(s_q, bool) or not isinstance(s_q, int) or not 1 <= s_q <= MAX_S_Q:
         raise ValueError(f"s_q: expected an int in [1, {MAX_S_Q}], got {s_q!r}")
     if heads not in HEADS:
         raise ValueError(f"heads: expected one of {HEADS}, got {heads!r}")
-    if not 1 <= cache_seqlens.shape[0] <= MAX_BATCH:
-        raise ValueError(f"cache_seqlens: expected a batch of 1..{MAX_BATCH} requests, got {cache_seqlens.shape[0]}")
+    if not 1 <= cache_seqlens.shape[0] <= _scheduler.MAX_BATCH:
+        raise ValueError(
+            f"cache_seqlens: expected a batch of 1..{_scheduler.MAX_BATCH} requests, got {cache_seqlens.shape[0]}"
+        )
     _check_cuda(cache_seqlens=cache_seqlens)
     m_tiles = (s_q * heads + 63) // 64
     # one wave (the launch is cooperative), and no more splits per request than the
     # in-kernel merge has room for
-    slots = max(1, min(_num_sms(cache_seqlens.device) // m_tiles, MERGE_MAX_SPLITS))
+    slots = max(1, min(_num_sms(cache_seqlens.device) // m_tiles, _merge_max_splits()))
     if num_parts is None:
         num_parts = default_num_parts(cache_seqlens.shape[0], m_tiles, slots * m_tiles)
     elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
@@ -435,13 +434,13 @@ def mla_decode(
     ``softmax_scale`` defaults to 576^-0.5. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and
     ``lse`` fp32 ``[b, h, s_q]`` (natural log).
 
-    ``check`` reads values back to the host in one sync: ``cache_seqlens`` >= 0 and within
-    the block table, the table's page ids in the cache where a request has tokens, the query
-    finite (skipped under CUDA-graph capture). ``out``/``lse`` must not share memory with
-    each other, the query or the cache. Lengths above ``decode_scheduler.MAX_SEQLEN`` are refused; without the
-    check they must lie in ``[0, MAX_SEQLEN]``: the in-kernel plan does not clamp them yet
-    (a negative one can place split rows past the fp32 partials). With ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse``
-    given, a call is one TVM-FFI call and nothing else: the compiled step's argument decoder
+    ``check`` reads values back to the host in one sync: ``cache_seqlens`` in
+    ``[0, decode_scheduler.MAX_SEQLEN]`` and within the block table, the table's page ids in
+    the cache where a request has tokens, the query finite (skipped under CUDA-graph
+    capture). ``out``/``lse`` must not share memory with each other, the query or the cache.
+    Without the check lengths must still lie in ``[0, MAX_SEQLEN]``: the in-kernel plan does
+    not clamp them yet (a negative one can place split rows past the fp32 partials). With
+    ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse`` given, a call is one TVM-FFI call and nothing else: the compiled step's argument decoder
     checks every tensor's dtype, shape, strides, alignment and device (batch sizes tied across
     arguments) before anything launches, and a rejected call is explained by the same
     Python checks as the other paths (same errors, nothing written).
@@ -563,9 +562,10 @@ def _validate_query(q, cache, heads: tuple, max_s_q: int):
     return b, s_q, h, q_dev
 
 
-def _validate_outputs(out, lse, b, s_q, h, q_dev, q=None, cache=None):
+def _validate_outputs(out, lse, b, s_q, h, q_dev, read=None):
     """``out`` bf16 [b, s_q, h, 512] and ``lse`` fp32 [b, h, s_q] on q's device, if given, in
-    memory of their own (not each other's, nor the query's or the cache's, when given)."""
+    memory of their own: not each other's, nor that of any tensor of ``read`` (name: tensor,
+    what the call reads while it writes them)."""
     if out is not None:
         _check_tensor("out", out, torch.bfloat16, dim=4)
         if tuple(out.shape) != (b, s_q, h, CONTENT_DIM):
@@ -579,12 +579,12 @@ def _validate_outputs(out, lse, b, s_q, h, q_dev, q=None, cache=None):
         _check_cuda(lse=lse)
         _check_same_device(q=q_dev, lse=lse)
     if out is not None or lse is not None:
-        read = {}
-        if q is not None:
-            read.update(zip(("q_nope", "q_rope", "q_scale"), q) if isinstance(q, (tuple, list)) else {"q": q})
-        if cache is not None:
-            read.update(kv=cache.kv, kv_scale=cache.kv_scale)
-        _check_disjoint({"out": out, "lse": lse}, read)
+        _check_disjoint({"out": out, "lse": lse}, read or {})
+
+
+def _decode_reads(q, cache) -> dict:
+    """What a decode reads while it writes ``out`` and ``lse``: the query and the cache."""
+    return dict(_query_values(q), kv=cache.kv, kv_scale=cache.kv_scale)
 
 
 def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal=False,
@@ -601,7 +601,7 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
         )
     _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
     _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
-    _validate_outputs(out, lse, b, s_q, h, q_dev, q, cache)
+    _validate_outputs(out, lse, b, s_q, h, q_dev, _decode_reads(q, cache))
     if visible is not None:
         if not causal:
             raise ValueError("visible: given with causal=False (it sets the causal limit of each query token)")

@@ -21,6 +21,7 @@ from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
+from snapmla_cute.kernels.decode_scheduler import MAX_BATCH as _MAX_BATCH
 from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN as _MAX_SEQLEN
 from snapmla_cute.kv_cache import FP8KVCache
 from snapmla_cute.ops import (
@@ -31,6 +32,7 @@ from snapmla_cute.ops import (
     _launcher,
     _merge_max_splits,
     _num_sms,
+    _decode_reads,
     _query_values,
     _validate_outputs,
     _validate_query,
@@ -78,14 +80,12 @@ class SparseDecodeMetadata:
         """Wraps buffers made by an earlier ``sparse_decode_metadata`` (the custom-op path);
         ``full_lengths`` stands for the lengths of a call without ``topk_length``. Checks the
         buffers' shapes against each other (the kernel writes by them)."""
-        from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
-
         if not 1 <= s_q <= SPARSE_MAX_S_Q:
             raise ValueError(f"s_q: expected an int in [1, {SPARSE_MAX_S_Q}], got {s_q!r}")
         lists = split_offsets.shape[0] - 1 if isinstance(split_offsets, torch.Tensor) and split_offsets.dim() == 1 else -1
         batch = lists // s_q if lists % s_q == 0 else -1
         _check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, lists=batch * s_q, rows=heads,
-                            counters_shape=(batch, s_q, 2 * ((heads + 63) // 64)), max_lists=MAX_BATCH,
+                            counters_shape=(batch, s_q, 2 * ((heads + 63) // 64)), max_lists=_MAX_BATCH,
                             max_parts=_merge_max_splits())
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.topk = batch, s_q, heads, topk
@@ -103,11 +103,8 @@ def sparse_decode_metadata(
     ``topk`` entries. ``num_parts`` CTAs per 64-head tile share the lists' blocks (default:
     the dense decode's rule over batch·s_q lists; at most SMs / tiles, the launch is
     cooperative)."""
-    from snapmla_cute.kernels.decode import MERGE_MAX_SPLITS
-    from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
-
     device = torch.device("cuda") if device is None else torch.device(device)
-    for name, v, lo, hi in (("batch", batch, 1, MAX_BATCH // max(1, s_q)), ("s_q", s_q, 1, SPARSE_MAX_S_Q),
+    for name, v, lo, hi in (("batch", batch, 1, _MAX_BATCH // max(1, s_q)), ("s_q", s_q, 1, SPARSE_MAX_S_Q),
                             ("topk", topk, 1, _MAX_SEQLEN)):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
@@ -116,7 +113,7 @@ def sparse_decode_metadata(
     if device.type != "cuda":
         raise ValueError(f"device: expected a CUDA device, got {device}")
     m_tiles = (heads + 63) // 64
-    slots = max(1, min(_num_sms(device) // m_tiles, MERGE_MAX_SPLITS))
+    slots = max(1, min(_num_sms(device) // m_tiles, _merge_max_splits()))
     if num_parts is None:
         num_parts = default_num_parts(batch * s_q, m_tiles, slots * m_tiles)
     elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
@@ -174,11 +171,11 @@ def mla_decode_sparse(
 
     ``check`` also reads the values back once (a sync): ids in [-1, num_slots),
     ``topk_length`` in [0, topk], the query finite. With ``check=False`` nothing is read
-    back: an id outside the cache (or < -1) is no token, a length past ``topk`` counts ``topk`` (its
-    masked blocks still cost time); no access leaves the cache or the lists. Lengths must
-    still lie in ``[0, MAX_SEQLEN]``: the in-kernel plan does not clamp them yet. With
-    ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one compiled call (its
-    argument decoder checks every tensor).
+    back: an id outside the cache (or < -1) is no token, a length past ``topk`` counts
+    ``topk`` (its masked blocks still cost time); no access leaves the cache or the lists.
+    Lengths must still lie in ``[0, MAX_SEQLEN]``: the in-kernel plan does not clamp them
+    yet. With ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one
+    compiled call (its argument decoder checks every tensor).
     """
     if not check and metadata is not None and out is not None and lse is not None:
         try:
@@ -240,7 +237,7 @@ def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, ou
         if topk_length.shape[0] != b:
             raise ValueError(f"topk_length: expected shape ({b},), got {tuple(topk_length.shape)}")
         _check_same_device(q=q_dev, topk_length=topk_length)
-    _validate_outputs(out, lse, b, s_q, h, q_dev, q, cache)
+    _validate_outputs(out, lse, b, s_q, h, q_dev, _decode_reads(q, cache))
     if metadata is not None:
         if not isinstance(metadata, SparseDecodeMetadata):
             raise TypeError(

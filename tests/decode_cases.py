@@ -59,3 +59,20 @@ def references(case, causal, softmax_scale=None):
         c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], c["cache_seqlens"], causal=causal, softmax_scale=softmax_scale
     )
     return exact, emu
+
+
+def host_syncs(call) -> list[str]:
+    """The host-device synchronizations of one ``call()`` after a first one (compiled and
+    loaded), as torch's sync debug mode reports them."""
+    import warnings
+
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]

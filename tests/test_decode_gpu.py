@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from decode_cases import build_case, references
+from decode_cases import build_case, host_syncs, references
 from snapmla_cute import decode_metadata, mla_decode, quantize_q
 from snapmla_cute.kernels.decode import DecodeConfig
 from snapmla_cute import reference as ref
@@ -236,26 +236,14 @@ def test_bad_inputs_rejected_before_launch(seed):
 def test_checked_call_reads_back_once(seed):
     """check=True reads the lengths, the block table's used ids and the query's values back
     in one sync (bf16 or quantized query); check=False in none."""
-    import warnings
-
     c = build_case(2, 1, 64, 64, [100, 200], seed=seed)
     md = decode_metadata(c["cache_seqlens"], s_q=1, heads=64)
     out = torch.empty(2, 1, 64, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(2, 64, 1, device="cuda")
     for q in (c["q"], quantize_q(c["q"])):
         for check, want in ((True, 1), (False, 0)):
-            call = lambda: mla_decode(q, c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out,  # noqa: E731
-                                      lse=lse, check=check)
-            call()
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    call()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-            syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+            syncs = host_syncs(lambda: mla_decode(q, c["cache"], c["block_table"], c["cache_seqlens"], metadata=md,
+                                                  out=out, lse=lse, check=check))
             assert len(syncs) == want, (isinstance(q, tuple), check, syncs)
 
 

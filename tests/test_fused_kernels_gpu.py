@@ -180,7 +180,7 @@ def test_check_false_is_one_compiled_call_and_still_rejects_clearly(seed):
 
 
 def test_value_checks_sync_the_stream_once(seed):
-    import warnings
+    from decode_cases import host_syncs
 
     cache = FP8KVCache.allocate(4, 64)
     kv = _rows(8, "flashmla")
@@ -197,14 +197,5 @@ def test_value_checks_sync_the_stream_once(seed):
         "quantize_q check=False": (lambda: quantize_q(q, out=out, check=False), 0),
     }
     for name, (call, want) in calls.items():
-        call()  # compiled and loaded
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                call()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
-        assert len(syncs) == want, (name, [str(w.message) for w in syncs])
+        syncs = host_syncs(call)
+        assert len(syncs) == want, (name, syncs)
