@@ -438,9 +438,10 @@ def mla_decode(
     ``[0, decode_scheduler.MAX_SEQLEN]`` and within the block table, the table's page ids in
     the cache where a request has tokens, the query finite (skipped under CUDA-graph
     capture). ``out``/``lse`` must not share memory with each other, the query or the cache.
-    Without the check lengths must still lie in ``[0, MAX_SEQLEN]``: the in-kernel plan does
-    not clamp them yet (a negative one can place split rows past the fp32 partials). With
-    ``check=False``, a quantized ``q`` tuple and ``metadata``/``out``/``lse`` given, a call is one TVM-FFI call and nothing else: the compiled step's argument decoder
+    Without the check the kernel clamps each length to ``[0, MAX_SEQLEN]`` (a negative one is
+    an empty request). With ``check=False``, a quantized ``q`` tuple and
+    ``metadata``/``out``/``lse`` given, a call is one TVM-FFI call and nothing else: the
+    compiled step's argument decoder
     checks every tensor's dtype, shape, strides, alignment and device (batch sizes tied across
     arguments) before anything launches, and a rejected call is explained by the same
     Python checks as the other paths (same errors, nothing written).

@@ -247,6 +247,37 @@ def test_checked_call_reads_back_once(seed):
             assert len(syncs) == want, (isinstance(q, tuple), check, syncs)
 
 
+def test_unchecked_lengths_are_clamped(seed):
+    """check=False passes lengths as they come: a negative one is an empty request (zeros,
+    -inf) and plans as 0, so no split row lands past the fp32 partials (rows after them,
+    poisoned, stay as they were); the other requests are unchanged."""
+    from snapmla_cute import ops
+    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+
+    lens = [6400, 6400, 6400]
+    c = build_case(3, 1, 64, 64, lens, seed=seed)
+    parts = min(torch.cuda.get_device_properties(0).multi_processor_count, 160)
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=64, num_parts=parts)
+    rows = 3 + parts
+    o_all = torch.full((rows + 64, 64, 512), 12345.0, device="cuda")
+    l_all = torch.full((rows + 64, 64), 12345.0, device="cuda")
+    guarded = ops.DecodeMetadata.from_buffers(md.sched, md.split_offsets, o_all[:rows], l_all[:rows], md.counters,
+                                              s_q=1, heads=64)
+    bad = c["cache_seqlens"].clone()
+    bad[0] = -10000  # unclamped: split rows 141..200 of 135 (profiles/experiments/plan_lengths.py)
+    out = torch.full((3, 1, 64, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((3, 64, 1), float("nan"), device="cuda")
+    mla_decode(quantize_q(c["q"]), c["cache"], c["block_table"], bad, metadata=guarded, out=out, lse=lse, check=False)
+    torch.cuda.synchronize()
+    assert torch.all(o_all[rows:] == 12345.0) and torch.all(l_all[rows:] == 12345.0)
+    assert md.split_offsets.cpu().tolist() == schedule_reference([0, 6400, 6400], parts)[1]
+    assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
+    (ox, lx), (oe, le) = references(c, False)
+    assert ref.rel_l2(out[1:].float(), oe[1:].bfloat16().float()) <= EMU_REL
+    assert ref.lse_max_abs(lse[1:], le[1:]) <= EMU_LSE
+    assert torch.all(md.counters == 0)
+
+
 def test_block_table_slice_of_a_wider_table(seed):
     c = build_case(3, 1, 32, 64, [700, 64, 1], seed=seed)
     wide = torch.full((3, c["block_table"].shape[1] + 5), 2**30, dtype=torch.int32, device="cuda")

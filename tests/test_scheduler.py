@@ -118,3 +118,23 @@ def test_few_split_merge_cases_take_each_merge_path():
     assert 2 <= min(splits(2)) and max(splits(3)) <= few // 2
     assert few // 2 < min(splits(few)) and max(splits(few)) <= few
     assert max(splits(few + 1)) > few
+
+
+def test_lengths_outside_the_range_plan_as_clamped():
+    """Unchecked lengths (check=False, graph replays) are clamped to [0, MAX_SEQLEN] by every
+    reader: a negative one plans as an empty request and every split row stays inside the
+    b + parts rows of the partials."""
+    from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN
+
+    rng = random.Random(5)
+    for parts in (8, 66, 132):
+        for _ in range(200):
+            lens = [rng.choice([rng.randint(-10**6, -1), rng.randint(0, 20000), MAX_SEQLEN + rng.randint(1, 10**6),
+                                -(2**31), 2**31 - 1]) for _ in range(rng.randint(1, 8))]
+            clamped = [min(max(L, 0), MAX_SEQLEN) for L in lens]
+            assert schedule_reference(lens, parts) == schedule_reference(clamped, parts)
+            sched, offsets = schedule_reference(clamped, parts)
+            assert offsets[-1] <= len(lens) + parts - 1
+            for row in sched:
+                if row[0] < len(lens):
+                    assert 0 <= offsets[row[0]] + row[4] < len(lens) + parts, (lens, parts, row)

@@ -138,6 +138,23 @@ def test_out_of_range_ids(seed):
     check_sparse(c, out, lse)
 
 
+def test_unchecked_negative_length_is_an_empty_list(seed):
+    """check=False: a negative topk_length plans as 0 (an empty list: zeros, -inf), not as
+    split rows outside the partials; the other requests as the emulation."""
+    c = build_sparse_case(3, 2, 64, 64, 600, 300, seed=seed)
+    b, s_q, h, _ = c["q"].shape
+    md = sparse_decode_metadata(b, s_q, h, 300)
+    lengths = torch.tensor([-100000, 300, 250], dtype=torch.int32, device="cuda")
+    out = torch.full((b, s_q, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((b, h, s_q), float("nan"), device="cuda")
+    mla_decode_sparse(quantize_q(c["q"]), c["cache"], c["indices"], topk_length=lengths, metadata=md, out=out,
+                      lse=lse, check=False)
+    torch.cuda.synchronize()
+    assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
+    c["topk_length"] = lengths.clamp_min(0)
+    check_sparse(c, out, lse)
+
+
 @pytest.mark.parametrize("h, b, topk", [(128, 1, 32768), (64, 2, 16384), (16, 3, 5000), (8, 1, 20000)])
 def test_long_lists_split(seed, h, b, topk):
     """Few lists over many CTAs: split-KV over the lists, merged in the launch."""

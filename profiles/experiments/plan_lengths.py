@@ -4,10 +4,14 @@ plan's int32 arithmetic (``kernels/decode_scheduler.py``: truncating division, w
 offsets and the range of rows the parts' first segments write against the fp32 partials'
 rows (batch + parts): a row outside it is a write past the scratch buffer. The checks
 (``check=True``) refuse such lengths; ``check=False`` and graph replays pass them through.
+The last column replays the plan with each length clamped to [0, MAX_SEQLEN] first
+(``decode_scheduler.clamp_len``).
 
     python3 profiles/experiments/plan_lengths.py
 """
 from tabulate import tabulate
+
+from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN
 
 OV = 5  # SchedulerConfig.fixed_overhead_blocks
 
@@ -58,8 +62,10 @@ def main():
         off, rows = plan_rows(lens, parts)
         lo, hi = (min(rows), max(rows)) if rows else ("-", "-")
         bad = bool(rows) and (min(rows) < 0 or max(rows) >= len(lens) + parts)
+        _, rows_c = plan_rows([min(max(L, 0), MAX_SEQLEN) for L in lens], parts)
+        bad_c = bool(rows_c) and (min(rows_c) < 0 or max(rows_c) >= len(lens) + parts)
         out.append(dict(lengths=str(lens), split_offsets=str(off), rows_written=f"{lo}..{hi}",
-                        buffer_rows=len(lens) + parts, outside=bad))
+                        buffer_rows=len(lens) + parts, outside=bad, outside_clamped=bad_c))
     print(tabulate(out, headers="keys"))
 
 

@@ -46,7 +46,9 @@ class SchedulerConfig:
 
 MAX_BATCH = 8192  # the prefix sums live in shared memory
 # the longest request the plan counts exactly: MAX_BATCH requests of (2^31 / MAX_BATCH - 6)
-# blocks and their overhead units stay below 2^31, so its int32 sums never wrap
+# blocks and their overhead units stay below 2^31, so its int32 sums never wrap; every
+# reader of a length clamps it to [0, MAX_SEQLEN] (``clamp_len``): a negative one (unchecked
+# input) is an empty request, not split rows outside the partials
 MAX_SEQLEN = (2**31 // MAX_BATCH - 6) * 64
 THREADS = 256
 
@@ -75,7 +77,7 @@ class DecodeSchedulerKernel:
 
     @cute.jit
     def n_blocks(self, seqlen):
-        return (seqlen + self.cfg.block_n - 1) // self.cfg.block_n
+        return (clamp_len(seqlen) + self.cfg.block_n - 1) // self.cfg.block_n
 
     @staticmethod
     @cute.jit
@@ -238,6 +240,12 @@ class DecodeSchedulerKernel:
         return n
 
 
+@cute.jit
+def clamp_len(seqlen):
+    """A request's length as the plan and the roles read it: in [0, MAX_SEQLEN]."""
+    return cutlass.min(cutlass.max(seqlen, 0), MAX_SEQLEN)
+
+
 def fake_args(config: SchedulerConfig):
     i32 = cutlass.Int32
     return (
@@ -255,7 +263,7 @@ def compile(config: SchedulerConfig = SchedulerConfig(), *, arch: str | None = N
 
 def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):
     """The same plan in plain Python: ``(sched rows, split_offsets)``, for tests and planning."""
-    lens = [int(x) for x in cache_seqlens]
+    lens = [min(max(int(x), 0), MAX_SEQLEN) for x in cache_seqlens]
     ov = cfg.fixed_overhead_blocks
     n_blocks = [(L + cfg.block_n - 1) // cfg.block_n for L in lens]
     pre = [0]

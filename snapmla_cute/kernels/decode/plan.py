@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
+from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, clamp_len
 from snapmla_cute.layouts import smem as L
 
 
@@ -49,7 +49,7 @@ class PartWork:
     @cute.jit
     def block_range(self, r, req):
         """(length, first block, end block) of the r-th request segment (request ``req``)."""
-        seqlen = self.m_seqlens[req]
+        seqlen = clamp_len(self.m_seqlens[req])
         blk_lo = Int32(0)
         if r == 0:
             blk_lo = self.begin_blk

@@ -20,6 +20,7 @@ from cutlass.cute.nvgpu import cpasync
 from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels import ptx
 from snapmla_cute.kernels.decode.config import OOB_PAGE
+from snapmla_cute.kernels.decode_scheduler import clamp_len
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
 
@@ -146,7 +147,7 @@ class Producer:
         for r in cutlass.range(work.n_reqs, unroll=1):
             # the plan's words re-read per request (24 registers: kept live, they spilled)
             req = plan[0] + r
-            seqlen = work.m_seqlens[req]
+            seqlen = clamp_len(work.m_seqlens[req])
             blk_lo = Int32(0)
             if r == 0:
                 blk_lo = plan[1]
