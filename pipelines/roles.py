@@ -52,10 +52,6 @@ CONSUMER_REGS = 240
 # with the transposer warpgroup: 128·(24 + 40) + 256·224 = 65536 registers
 TRANSPOSER_REGS = 40
 CONSUMER_REGS_WITH_TRANSPOSER = 224
-# the paired sparse gather (``DecodeConfig.gather_pair``): its producer sends half of each
-# block to the other CTA of the cluster, which took more than 24 registers (it spilled)
-PRODUCER_REGS_PAIRED = 32
-TRANSPOSER_REGS_PAIRED = 32
 
 
 @dataclass(frozen=True)
