@@ -2,10 +2,12 @@
 (``DecodeConfig.gather_unroll``; ``--unroll``) against the dense decode over the same token
 count. ``--few-heads``: the 8- and 16-head rows with the pipeline's own times (every compute
 stage left out: the gather alone; the softmax kept; the transposition kept) beside the
-shipped kernel, the floor and the target. Prints a table.
+shipped kernel, the floor and the target. ``--bounds``: the same stage-less variants at the
+64- and 128-head rows, beside the dense decode over the same token count. Prints a table.
 
     python3 profiles/experiments/sparse_variants.py --unroll 1 4
     python3 profiles/experiments/sparse_variants.py --few-heads
+    python3 profiles/experiments/sparse_variants.py --bounds
 """
 import argparse
 
@@ -34,10 +36,24 @@ def sparse_us(b, h, s_q, topk, s_k, page_size=64):
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--unroll", type=int, nargs="*", default=[1, 4])
+ap.add_argument("--with-few", action="store_true", help="also the b64 h8, b128 h16 and b1 h8 rows")
 ap.add_argument("--few-heads", action="store_true")
+ap.add_argument("--bounds", action="store_true")
 args = ap.parse_args()
 rows = []
-if args.few_heads:
+if args.bounds:
+    tbps = measure_copy_tbps()
+    for shape in SHAPES:
+        b, h, s_q, topk, s_k = shape
+        row = dict(shape=f"b{b} h{h} topk{topk}", floor_us=round(sparse_floor_us(b, h, s_q, topk, tbps), 1),
+                   dense_us=round(_dense_us(b * s_q, h, topk, 64), 1))
+        for name, tune in [("shipped", {})] + list(BOUNDS.items()):
+            ops.DECODE_TUNING.clear()
+            ops.DECODE_TUNING.update(tune)
+            row[name] = round(sparse_us(*shape), 1)
+        rows.append(row)
+        print(row, flush=True)
+elif args.few_heads:
     tbps = measure_copy_tbps()
     variants = [("shipped", {})] + list(BOUNDS.items())
     for shape in FEW_HEAD_SHAPES:
@@ -53,12 +69,13 @@ if args.few_heads:
         print(row, flush=True)
 else:
     variants = [("shipped", {})] + [(f"unroll {u}", {"gather_unroll": u}) for u in args.unroll]
-    for shape in SHAPES:
+    shapes = SHAPES + ([FEW_HEAD_SHAPES[i] for i in (0, 3, 5)] if args.with_few else [])
+    for shape in shapes:
         b, h, s_q, topk, s_k = shape
         for name, tune in variants:
             ops.DECODE_TUNING.clear()
             ops.DECODE_TUNING.update(tune)
-            row = dict(shape=f"b{b} h{h} topk{topk}", variant=name, sparse_us=round(sparse_us(*shape), 1))
+            row = dict(shape=f"b{b} h{h} s_q{s_q} topk{topk}", variant=name, sparse_us=round(sparse_us(*shape), 1))
             if name == "shipped":
                 row["dense_us"] = round(_dense_us(b * s_q, h, topk, 64), 1)
             rows.append(row)
