@@ -1,6 +1,6 @@
 """Timing-only variants of the sparse decode. Default: per gather unroll
 (``DecodeConfig.gather_unroll``; ``--unroll``) against the dense decode over the same token
-count (``--prefetch``: per ``DecodeConfig.id_prefetch`` instead). ``--few-heads``: the 8- and 16-head rows with the pipeline's own times (every compute
+count. ``--few-heads``: the 8- and 16-head rows with the pipeline's own times (every compute
 stage left out: the gather alone; the softmax kept; the transposition kept) beside the
 shipped kernel, the floor and the target. ``--bounds``: the same stage-less variants at the
 64- and 128-head rows, beside the dense decode over the same token count. Prints a table.
@@ -36,7 +36,6 @@ def sparse_us(b, h, s_q, topk, s_k, page_size=64):
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--unroll", type=int, nargs="*", default=[1, 4])
-ap.add_argument("--prefetch", type=int, nargs="*", default=[], help="DecodeConfig.id_prefetch values")
 ap.add_argument("--with-few", action="store_true", help="also the b64 h8, b128 h16 and b1 h8 rows")
 ap.add_argument("--few-heads", action="store_true")
 ap.add_argument("--bounds", action="store_true")
@@ -70,7 +69,6 @@ elif args.few_heads:
         print(row, flush=True)
 else:
     variants = [("shipped", {})] + [(f"unroll {u}", {"gather_unroll": u}) for u in args.unroll]
-    variants += [(f"prefetch {d}", {"id_prefetch": d}) for d in args.prefetch]
     shapes = SHAPES + ([FEW_HEAD_SHAPES[i] for i in (0, 3, 5)] if args.with_few else [])
     for shape in shapes:
         b, h, s_q, topk, s_k = shape

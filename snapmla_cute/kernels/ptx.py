@@ -85,9 +85,3 @@ def cp_async_arrive_noinc(mbar_addr: Int32, *, loc=None, ip=None):
         None, [Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
         "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r,~{memory}", loc, ip,
     )
-
-
-@dsl_user_op
-def prefetch_l2(gmem_addr, *, loc=None, ip=None):
-    """``prefetch.global.L2 [addr]``: the line holding ``addr`` into L2 (no register waits on it)."""
-    _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l", loc, ip)

@@ -96,9 +96,6 @@ class DecodeConfig:
     # per row and all its splits' loads issued together (Merger.few_split_lse); 0: never
     merge_few: int = 8
     gather_unroll: int = 8  # sparse: a gathering warp's token loop unrolled (2: 173 us, 8: 139 us at b128 h128 topk2048)
-    # sparse: each gathering warp prefetches its ids this many blocks ahead into L2 (0: off),
-    # so the one-block-ahead id load does not wait on HBM
-    id_prefetch: int = 0
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
     p_stsm: bool = True

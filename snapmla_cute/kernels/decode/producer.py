@@ -161,21 +161,11 @@ class Producer:
                 cute.copy(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
             nxt = self.gather_id(m_indices, req, blk_lo * L.BLOCK_N + warp * per_warp + lane, seqlen, num_slots,
                                  lane < per_warp)
-            D = cfg.id_prefetch
-            if cutlass.const_expr(D > 0):
-                # this warp's ids of the request's next D blocks (lane k: block blk_lo + 1 + k)
-                pos = (blk_lo + 1 + lane) * L.BLOCK_N + warp * per_warp
-                if lane < D and blk_lo + 1 + lane < blk_hi and pos < seqlen:
-                    self.prefetch_ids(m_indices, req, pos)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 slot = nxt
                 if blk + 1 < blk_hi:
                     nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
                                          num_slots, lane < per_warp)
-                if cutlass.const_expr(D > 0):
-                    pos = (blk + 1 + D) * L.BLOCK_N + warp * per_warp
-                    if lane == 0 and blk + 1 + D < blk_hi and pos < seqlen:
-                        self.prefetch_ids(m_indices, req, pos)
                 stage = ring.wait_free(g)
                 self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
                 ptx.cp_async_arrive_noinc(ring.full_addr(stage))
@@ -209,12 +199,6 @@ class Producer:
             saddr = g_ks.iterator.toint() + Int64(src) * 4
             dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + warp * per_warp + lane) * 4
             ptx.cp_async(dst, saddr, 4, nb)
-
-    @cute.jit
-    def prefetch_ids(self, m_indices, req, pos):
-        """Into L2: the line of request ``req``'s index list holding position ``pos`` (a
-        warp's 16 ids of a block; the caller keeps ``pos`` inside the list)."""
-        ptx.prefetch_l2((m_indices.iterator + cute.crd2idx((req, pos), m_indices.layout)).toint())
 
     @cute.jit
     def src_of(self, slot, nbytes: cutlass.Constexpr):
