@@ -3,11 +3,13 @@
 count. ``--few-heads``: the 8- and 16-head rows with the pipeline's own times (every compute
 stage left out: the gather alone; the softmax kept; the transposition kept) beside the
 shipped kernel, the floor and the target. ``--bounds``: the same stage-less variants at the
-64- and 128-head rows, beside the dense decode over the same token count. Prints a table.
+64- and 128-head rows, beside the dense decode over the same token count (``--stages 4 3``:
+also the gather alone on that many KV stages, ``qk_early`` off; a gather bound by its blocks
+in flight slows with fewer). Prints a table.
 
     python3 profiles/experiments/sparse_variants.py --unroll 1 4
     python3 profiles/experiments/sparse_variants.py --few-heads
-    python3 profiles/experiments/sparse_variants.py --bounds
+    python3 profiles/experiments/sparse_variants.py --bounds [--stages 4 3]
 """
 import argparse
 
@@ -39,6 +41,8 @@ ap.add_argument("--unroll", type=int, nargs="*", default=[1, 4])
 ap.add_argument("--with-few", action="store_true", help="also the b64 h8, b128 h16 and b1 h8 rows")
 ap.add_argument("--few-heads", action="store_true")
 ap.add_argument("--bounds", action="store_true")
+ap.add_argument("--stages", type=int, nargs="*", default=[],
+                help="with --bounds: also the gather alone on these KV stage counts (DecodeConfig.kv_stages)")
 args = ap.parse_args()
 rows = []
 if args.bounds:
@@ -47,7 +51,11 @@ if args.bounds:
         b, h, s_q, topk, s_k = shape
         row = dict(shape=f"b{b} h{h} topk{topk}", floor_us=round(sparse_floor_us(b, h, s_q, topk, tbps), 1),
                    dense_us=round(_dense_us(b * s_q, h, topk, 64), 1))
-        for name, tune in [("shipped", {})] + list(BOUNDS.items()):
+        # qk_early off, as the GPU test of a 3-stage ring runs it (the consumers then hold
+        # two blocks, not three)
+        staged = [(f"gather only, {k} stages", {**BOUNDS["gather only"], "kv_stages": k, "qk_early": False})
+                  for k in args.stages]
+        for name, tune in [("shipped", {})] + list(BOUNDS.items()) + staged:
             ops.DECODE_TUNING.clear()
             ops.DECODE_TUNING.update(tune)
             row[name] = round(sparse_us(*shape), 1)
