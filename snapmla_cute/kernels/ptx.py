@@ -85,3 +85,87 @@ def cp_async_arrive_noinc(mbar_addr: Int32, *, loc=None, ip=None):
         None, [Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
         "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r,~{memory}", loc, ip,
     )
+
+
+@dsl_user_op
+def mapa(smem_addr: Int32, rank: Int32, *, loc=None, ip=None) -> Int32:
+    """``mapa.shared::cluster.u32``: the shared::cluster address of ``smem_addr`` (this CTA's
+    shared window) in the CTA of cluster rank ``rank``."""
+    res = _asm(
+        _T.i32(),
+        [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
+        "mapa.shared::cluster.u32 $0, $1, $2;",
+        "=r,r,r",
+        loc, ip,
+    )
+    return Int32(res)
+
+
+@dsl_user_op
+def bulk_copy_s2cluster(dst_cluster: Int32, src_smem: Int32, nbytes: int, mbar_cluster: Int32, *, loc=None, ip=None):
+    """``cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes``: ``nbytes``
+    (a multiple of 16) from this CTA's shared memory to another CTA's, completing that many
+    bytes of transaction on the destination's mbarrier; then ``cp.async.bulk.commit_group``."""
+    _asm(
+        None,
+        [Int32(x).ir_value(loc=loc, ip=ip) for x in (dst_cluster, src_smem, mbar_cluster)],
+        f"cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [$0], [$1], {nbytes}, [$2];\n"
+        "cp.async.bulk.commit_group;",
+        "r,r,r,~{memory}",
+        loc, ip,
+    )
+
+
+@dsl_user_op
+def bulk_wait_read(*, loc=None, ip=None):
+    """``cp.async.bulk.wait_group.read 0``: this thread's bulk copies have read their sources."""
+    _asm(None, [], "cp.async.bulk.wait_group.read 0;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def mbarrier_expect_tx(mbar_addr: Int32, nbytes: int, *, loc=None, ip=None):
+    """``mbarrier.expect_tx`` (no arrival): the barrier's current phase also waits for
+    ``nbytes`` of transaction."""
+    _asm(
+        None, [Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
+        f"mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$0], {nbytes};", "r,~{memory}", loc, ip,
+    )
+
+
+@dsl_user_op
+def mbarrier_arrive(mbar_addr: Int32, *, loc=None, ip=None):
+    """``mbarrier.arrive`` on a barrier of this CTA (its state discarded)."""
+    _asm(
+        None, [Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
+        "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", loc, ip,
+    )
+
+
+@dsl_user_op
+def mbarrier_wait(mbar_addr: Int32, phase: Int32, *, loc=None, ip=None):
+    """Spins until the mbarrier's phase of parity ``phase`` has completed."""
+    _asm(
+        None, [Int32(mbar_addr).ir_value(loc=loc, ip=ip), Int32(phase).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .pred p;\nWAIT_${:uid}:\nmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n@!p bra WAIT_${:uid};\n}",
+        "r,r,~{memory}", loc, ip,
+    )
+
+
+@dsl_user_op
+def mbarrier_arrive_cluster(mbar_cluster: Int32, *, loc=None, ip=None):
+    """``mbarrier.arrive.shared::cluster`` (release, CTA scope, as CUTLASS's ClusterBarrier) on a barrier given by its shared::cluster address
+    (another CTA's, from :func:`mapa`)."""
+    _asm(
+        None, [Int32(mbar_cluster).ir_value(loc=loc, ip=ip)],
+        "mbarrier.arrive.shared::cluster.b64 _, [$0];", "r,~{memory}", loc, ip,
+    )
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx(mbar_addr: Int32, nbytes: int, *, loc=None, ip=None):
+    """``mbarrier.arrive.expect_tx`` on a barrier of this CTA: one arrival, and the current
+    phase also waits for ``nbytes`` of transaction."""
+    _asm(
+        None, [Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
+        f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {nbytes};", "r,~{memory}", loc, ip,
+    )
