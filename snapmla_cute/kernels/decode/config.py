@@ -96,10 +96,6 @@ class DecodeConfig:
     # per row and all its splits' loads issued together (Merger.few_split_lse); 0: never
     merge_few: int = 8
     gather_unroll: int = 8  # sparse: a gathering warp's token loop unrolled (2: 173 us, 8: 139 us at b128 h128 topk2048)
-    # sparse with two query tiles (h128): the tiles' two CTAs form a cluster; each gathers
-    # half of every block's tokens and copies that half into the other's stage (a bulk
-    # shared::cluster copy), so each SM gathers half the rows (``Producer.load_sparse``)
-    gather_pair: bool = False
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
     p_stsm: bool = True
@@ -122,11 +118,6 @@ class DecodeConfig:
     def pv_n(self) -> int:
         """N of one PV GEMM: a consumer WG's 256 output dims over ``PV_SPLITS``."""
         return PV_N
-
-    @property
-    def paired(self) -> bool:
-        """The two query tiles' CTAs share the gather (``gather_pair``, sparse h128)."""
-        return self.sparse and self.gather_pair and self.m_tiles == 2
 
     @property
     def rows(self) -> int:

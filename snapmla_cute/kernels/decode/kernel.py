@@ -134,8 +134,6 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         if cutlass.const_expr(SharedStorage.size_in_bytes() > SM90_SMEM_BYTES):  # else the launch fails
             raise ValueError(f"decode: shared storage {SharedStorage.size_in_bytes()} B, at most {SM90_SMEM_BYTES} B")
         num_parts = m_sched.shape[0]
-        # paired gather: the two query tiles' CTAs of a part are one cluster (rank = tile)
-        cluster = [2, 1, 1] if cfg.paired else None
         self.kernel(
             qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0,
             tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
@@ -145,7 +143,6 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         ).launch(
             grid=[cfg.m_tiles, num_parts, 1],
             block=[self.threads, 1, 1],
-            cluster=cluster,
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,  # fixes the register pool so ptxas honours setmaxnreg
@@ -220,13 +217,10 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
             tx_count=self.q_bytes, defer_sync=True,
         ).make_participants()
-        # sparse: every gathering thread arrives when its cp.async copies land; paired, the two
-        # gathering warps, the announcer (expecting the other CTA's half) and the sender once
-        # its half has been read (``load_sparse``)
-        producers = (2 * 32 + 2 if cfg.paired else roles.THREADS_PER_WG) if cfg.sparse else 1
         kv_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.kv_mbar.data_ptr(), num_stages=cfg.kv_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, producers),
+            # sparse: every producer thread arrives when its cp.async copies land
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, roles.THREADS_PER_WG if cfg.sparse else 1),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
             tx_count=self.kv_bytes, defer_sync=True,
         )
@@ -239,11 +233,6 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         )
         if cutlass.const_expr(cfg.transposer):
             handshake.init(tidx)
-        if cutlass.const_expr(cfg.paired):
-            if tidx == 0:
-                for k in cutlass.range_constexpr(cfg.kv_stages):
-                    cute.arch.mbarrier_init(storage.half_mbar.data_ptr() + k, 2 * 32)
-                    cute.arch.mbarrier_init(storage.peer_free.data_ptr() + k, 1)
         cute.arch.mbarrier_init_fence()
         if tidx == 0:
             # the epilogue derives storage.epi's address from kv's (one register less)
@@ -257,11 +246,6 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             cute.make_layout((self.threads // 32,))), smem.plan, m_tile, part, tidx)
         if tidx == 0:
             self.tracer.stamp("planned")
-        if cutlass.const_expr(cfg.paired):
-            # the other CTA writes into this one's stages and arrives on its barriers: only
-            # after they are initialized and the plan is done with its scratch in the stages
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
@@ -293,7 +277,3 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
                     self.consumer_role(*consumer_args)
             else:
                 self.consumer_role(*consumer_args)
-        if cutlass.const_expr(cfg.paired):
-            # no CTA leaves while the other may still arrive on its barriers
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()

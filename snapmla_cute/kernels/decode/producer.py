@@ -24,9 +24,6 @@ from snapmla_cute.kernels.decode_scheduler import clamp_len
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
 
-# the paired gather's half block: 32 tokens' content, RoPE and scales
-HALF_BYTES = (L.BLOCK_N // 2) * (CONTENT_DIM + ROPE_DIM * 2 + 4)
-
 
 @dataclass(frozen=True)
 class TmaLoads:
@@ -135,30 +132,9 @@ class Producer:
         scale is 0, the consumers' mark of a masked key (a written slot's scale is > 0).
         Each thread's copies arrive on the stage's full barrier when they land
         (``cp.async.mbarrier.arrive.noinc``, 128 arrivals); warp 0 also loads Q by TMA.
-        A block's ids are loaded one block ahead, so their latency overlaps the stage wait.
-
-        Paired (``DecodeConfig.paired``: h128, the two query tiles' CTAs in one cluster),
-        warps 0 and 1 gather tokens ``32·tile ..`` of each block only; thread 0 of warp 3
-        announces each free stage to the other CTA (after its own arrival on the stage's
-        full barrier, which expects the incoming half's bytes), and thread 0 of warp 2
-        sends each gathered half to the other CTA's stage once it has landed
-        (``send_half``). The other CTA does the same, so each SM gathers half the rows and
-        no gathering warp waits on the handoff."""
+        A block's ids are loaded one block ahead, so their latency overlaps the stage wait."""
         cfg = self.cfg
-        if cutlass.const_expr(cfg.paired):
-            if warp < 2:
-                self.gather_blocks(tma, smem, m_indices, kv_pipe, q_prod, m_tile, work, warp,
-                                   warp * 16 + m_tile * (L.BLOCK_N // 2))
-            elif cute.arch.lane_idx() == 0:
-                self.handoff_blocks(smem, kv_pipe, m_tile, work, warp == 2)
-        else:
-            self.gather_blocks(tma, smem, m_indices, kv_pipe, q_prod, m_tile, work, warp, warp * 16)
-
-    @cute.jit
-    def gather_blocks(self, tma: TmaLoads, smem, m_indices, kv_pipe, q_prod, m_tile, work, warp, first_tok):
-        """``load_sparse``'s gathering warps: tokens ``first_tok .. + 15`` of every block."""
-        cfg = self.cfg
-        per_warp = 16
+        per_warp = L.BLOCK_N // (roles.THREADS_PER_WG // 32)
         (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions(tma, smem)
         g_kv = tma.kv[1]  # e4m3 (1, 512, slots): the cache rows, read by cp.async
         g_ks = tma.ks[1]  # fp32 (1, slots)
@@ -183,76 +159,22 @@ class Producer:
                 hq = q_prod.acquire_and_advance()
                 cute.copy(tma.q_nope[0], tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
                 cute.copy(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
-            nxt = self.gather_id(m_indices, req, blk_lo * L.BLOCK_N + first_tok + lane, seqlen, num_slots,
+            nxt = self.gather_id(m_indices, req, blk_lo * L.BLOCK_N + warp * per_warp + lane, seqlen, num_slots,
                                  lane < per_warp)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 slot = nxt
                 if blk + 1 < blk_hi:
-                    nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + first_tok + lane, seqlen,
+                    nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
                                          num_slots, lane < per_warp)
                 stage = ring.wait_free(g)
-                self.gather_block(smem, g_kv, g_ks, slot, stage, first_tok, lane, per_warp)
+                self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
                 ptx.cp_async_arrive_noinc(ring.full_addr(stage))
-                if cutlass.const_expr(cfg.paired):
-                    ptx.cp_async_arrive_noinc(self.half_addr(smem, stage))
                 g += 1
 
     @cute.jit
-    def handoff_blocks(self, smem, kv_pipe, m_tile, work, sender):
-        """``load_sparse``'s paired handoff, one thread per role over the part's blocks:
-        the announcer (``sender`` False) waits each stage free here, arrives on its full
-        barrier expecting the other CTA's half, then tells the other CTA; the sender
-        (``sender`` True) copies each half gathered here into the other CTA's stage."""
-        ring = KVRingProducer(self.cfg.kv_stages, kv_pipe)
-        n = work.total_blocks()
-        for g in cutlass.range(n, unroll=1):
-            if sender:
-                self.send_half(smem, ring, g, m_tile)
-            else:
-                stage = ring.wait_free(g)
-                ptx.mbarrier_arrive_expect_tx(ring.full_addr(stage), HALF_BYTES)
-                ptx.mbarrier_arrive_cluster(ptx.mapa(self.peer_free_addr(smem, stage), 1 - m_tile))
-
-    def half_addr(self, smem, stage):
-        """The paired gather's barrier of ``stage``: this CTA's half has landed."""
-        return smem.storage.half_mbar.data_ptr().toint() + stage * 8
-
-    def peer_free_addr(self, smem, stage):
-        """The paired gather's barrier of ``stage``: the other CTA's copy of it is free (its
-        announcer arrives once its consumers have released the stage's previous block)."""
-        return smem.storage.peer_free.data_ptr().toint() + stage * 8
-
-    @cute.jit
-    def send_half(self, smem, ring, g, m_tile):
-        """Paired, the sender: block g's half gathered here (tokens ``32·tile ..``) into the
-        same place of the other CTA's stage, completing its bytes on that stage's full
-        barrier; then, once the copy has read them, the sender's arrival on this CTA's full
-        barrier (so the transposer, which writes Vᵀ over the stage, starts after). Waits for
-        the half to land here and for the other CTA's stage to be free."""
-        S = self.cfg.kv_stages
-        stage = g % S
-        ptx.mbarrier_wait(self.half_addr(smem, stage), (g // S) & 1)
-        ptx.mbarrier_wait(self.peer_free_addr(smem, stage), (g // S) & 1)
-        cute.arch.fence_proxy("async.shared", space="cta")  # the cp.async (generic) writes, before the bulk read
-        peer = 1 - m_tile
-        half = L.BLOCK_N // 2
-        full = ring.full_addr(stage)
-        peer_full = ptx.mapa(full, peer)
-        kv = smem.kv_addr() + stage * (L.BLOCK_N * CONTENT_DIM) + m_tile * (half * 128)
-        for j in cutlass.range_constexpr(CONTENT_DIM // 128):
-            src = kv + j * L.CHUNK_BYTES
-            ptx.bulk_copy_s2cluster(ptx.mapa(src, peer), src, half * 128, peer_full)
-        kr = smem.storage.k_rope.data_ptr().toint() + stage * (L.BLOCK_N * ROPE_DIM * 2) + m_tile * (half * 128)
-        ptx.bulk_copy_s2cluster(ptx.mapa(kr, peer), kr, half * ROPE_DIM * 2, peer_full)
-        ks = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + m_tile * half) * 4
-        ptx.bulk_copy_s2cluster(ptx.mapa(ks, peer), ks, half * 4, peer_full)
-        ptx.bulk_wait_read()
-        ptx.mbarrier_arrive(full)
-
-    @cute.jit
-    def gather_block(self, smem, g_kv, g_ks, slot, stage, first_tok, lane, per_warp: cutlass.Constexpr):
+    def gather_block(self, smem, g_kv, g_ks, slot, stage, warp, lane, per_warp: cutlass.Constexpr):
         """This warp's tokens of one block into KV stage ``stage``: lane l holds token
-        ``first_tok + l``'s slot (``OOB_PAGE``: no token)."""
+        ``16·warp + l``'s slot (``OOB_PAGE``: no token)."""
         row_bytes = KV_ROW_BYTES
         base = g_kv.iterator.toint()
         kv_stage = smem.kv_addr() + stage * (L.BLOCK_N * CONTENT_DIM)
@@ -260,7 +182,7 @@ class Producer:
         # content: one token per step, one 16-byte chunk per lane (a coalesced 512-byte row)
         for t in cutlass.range(per_warp, unroll=self.cfg.gather_unroll):
             src, nb = self.src_of(cute.arch.shuffle_sync(slot, t), 16)
-            row = first_tok + t
+            row = warp * per_warp + t
             gaddr = base + Int64(src) * row_bytes + lane * 16
             ptx.cp_async(kv_stage + L.content_offset(row, lane * 16), gaddr, 16, nb)
         # RoPE: 8 chunks per token, 4 tokens per step
@@ -268,14 +190,14 @@ class Producer:
             t = k * 4 + lane // 8
             c = lane % 8
             src, nb = self.src_of(cute.arch.shuffle_sync(slot, t), 16)
-            row = first_tok + t
+            row = warp * per_warp + t
             gaddr = base + Int64(src) * row_bytes + CONTENT_DIM + c * 16
             ptx.cp_async(kr_stage + L.rope_offset(row, c * 8), gaddr, 16, nb)
         # scales (0 for no token)
         if lane < per_warp:
             src, nb = self.src_of(slot, 4)
             saddr = g_ks.iterator.toint() + Int64(src) * 4
-            dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + first_tok + lane) * 4
+            dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + warp * per_warp + lane) * 4
             ptx.cp_async(dst, saddr, 4, nb)
 
     @cute.jit

@@ -29,9 +29,6 @@ def shared_storage(cfg, threads: int, scale_stride: int, n_scale: int, q_nope_sl
         qk_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: owner's QK done
         vt_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: Vᵀ written
         vt_valid: cute.struct.MemRange[Int32, stages]  # transposer: valid tokens of the block
-        if cfg.paired:
-            half_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # this CTA's gathered half landed
-            peer_free: cute.struct.MemRange[cutlass.Int64, stages]  # the other CTA's stage is free
         # (row, field, slot), a row's 4 fields contiguous (one 16-byte access)
         state: cute.struct.Align[cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE], 16]
         plan: cute.struct.MemRange[Int32, PLAN_WORDS]
