@@ -441,10 +441,10 @@ def mla_decode(
     Without the check the kernel clamps each length to ``[0, MAX_SEQLEN]`` (a negative one is
     an empty request). With ``check=False``, a quantized ``q`` tuple and
     ``metadata``/``out``/``lse`` given, a call is one TVM-FFI call and nothing else: the
-    compiled step's argument decoder
-    checks every tensor's dtype, shape, strides, alignment and device (batch sizes tied across
-    arguments) before anything launches, and a rejected call is explained by the same
-    Python checks as the other paths (same errors, nothing written).
+    compiled step's argument decoder checks every tensor's dtype, shape, strides, alignment
+    and device (batch sizes tied across arguments) before anything launches, and a rejected
+    call is explained by the same Python checks as the other paths (same errors, nothing
+    written).
     """
     if not check and metadata is not None and out is not None and lse is not None:
         try:

@@ -171,11 +171,11 @@ def mla_decode_sparse(
 
     ``check`` also reads the values back once (a sync): ids in [-1, num_slots),
     ``topk_length`` in [0, topk], the query finite. With ``check=False`` nothing is read
-    back: an id outside the cache (or < -1) is no token, a length past ``topk`` counts ``topk`` (its
-    masked blocks still cost time); no access leaves the cache or the lists. A negative
-    length is an empty list (the kernel clamps lengths to ``[0, MAX_SEQLEN]``). With
-    ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one compiled call (its
-    argument decoder checks every tensor).
+    back: an id outside the cache (or < -1) is no token, a length past ``topk`` counts
+    ``topk`` (its masked blocks still cost time); no access leaves the cache or the lists. A
+    negative length is an empty list (the kernel clamps lengths to ``[0, MAX_SEQLEN]``). With
+    ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one compiled call
+    (its argument decoder checks every tensor).
     """
     if not check and metadata is not None and out is not None and lse is not None:
         try:

@@ -3,9 +3,9 @@
 count. ``--few-heads``: the 8- and 16-head rows with the pipeline's own times (every compute
 stage left out: the gather alone; the softmax kept; the transposition kept) beside the
 shipped kernel, the floor and the target. ``--bounds``: the same stage-less variants at the
-64- and 128-head rows, beside the dense decode over the same token count (``--stages 4 3``:
-also the gather alone on that many KV stages, ``qk_early`` off; a gather bound by its blocks
-in flight slows with fewer). Prints a table.
+64- and 128-head rows, beside the dense decode over the same token count. With either,
+``--stages 4 3`` adds the gather alone on that many KV stages (``qk_early`` off; a gather
+bound by its blocks in flight slows with fewer). Prints a table.
 
     python3 profiles/experiments/sparse_variants.py --unroll 1 4
     python3 profiles/experiments/sparse_variants.py --few-heads
@@ -42,33 +42,24 @@ ap.add_argument("--with-few", action="store_true", help="also the b64 h8, b128 h
 ap.add_argument("--few-heads", action="store_true")
 ap.add_argument("--bounds", action="store_true")
 ap.add_argument("--stages", type=int, nargs="*", default=[],
-                help="with --bounds: also the gather alone on these KV stage counts (DecodeConfig.kv_stages)")
+                help="with --bounds or --few-heads: also the gather alone on these KV stage counts (DecodeConfig.kv_stages)")
 args = ap.parse_args()
 rows = []
-if args.bounds:
+if args.bounds or args.few_heads:
     tbps = measure_copy_tbps()
-    for shape in SHAPES:
-        b, h, s_q, topk, s_k = shape
-        row = dict(shape=f"b{b} h{h} topk{topk}", floor_us=round(sparse_floor_us(b, h, s_q, topk, tbps), 1),
-                   dense_us=round(_dense_us(b * s_q, h, topk, 64), 1))
-        # qk_early off, as the GPU test of a 3-stage ring runs it (the consumers then hold
-        # two blocks, not three)
-        staged = [(f"gather only, {k} stages", {**BOUNDS["gather only"], "kv_stages": k, "qk_early": False})
-                  for k in args.stages]
-        for name, tune in [("shipped", {})] + list(BOUNDS.items()) + staged:
-            ops.DECODE_TUNING.clear()
-            ops.DECODE_TUNING.update(tune)
-            row[name] = round(sparse_us(*shape), 1)
-        rows.append(row)
-        print(row, flush=True)
-elif args.few_heads:
-    tbps = measure_copy_tbps()
-    variants = [("shipped", {})] + list(BOUNDS.items())
-    for shape in FEW_HEAD_SHAPES:
+    # qk_early off, as the GPU test of a 3-stage ring runs it (the consumers then hold two
+    # blocks, not three)
+    staged = [(f"gather only, {k} stages", {**BOUNDS["gather only"], "kv_stages": k, "qk_early": False})
+              for k in args.stages]
+    variants = [("shipped", {})] + list(BOUNDS.items()) + staged
+    for shape in FEW_HEAD_SHAPES if args.few_heads else SHAPES:
         b, h, s_q, topk, s_k = shape
         floor = sparse_floor_us(b, h, s_q, topk, tbps)
-        row = dict(shape=f"b{b} h{h} s_q{s_q} topk{topk}", floor_us=round(floor, 1),
-                   target_us=round(BATCH1_TARGET_US if b == 1 else floor / FEW_HEAD_FLOOR_SHARE, 1))
+        row = dict(shape=f"b{b} h{h} s_q{s_q} topk{topk}", floor_us=round(floor, 1))
+        if args.few_heads:
+            row["target_us"] = round(BATCH1_TARGET_US if b == 1 else floor / FEW_HEAD_FLOOR_SHARE, 1)
+        else:
+            row["dense_us"] = round(_dense_us(b * s_q, h, topk, 64), 1)
         for name, tune in variants:
             ops.DECODE_TUNING.clear()
             ops.DECODE_TUNING.update(tune)
