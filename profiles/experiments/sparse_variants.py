@@ -43,6 +43,8 @@ ap.add_argument("--few-heads", action="store_true")
 ap.add_argument("--bounds", action="store_true")
 ap.add_argument("--stages", type=int, nargs="*", default=[],
                 help="with --bounds or --few-heads: also the gather alone on these KV stage counts (DecodeConfig.kv_stages)")
+ap.add_argument("--only", nargs="*", default=None, metavar="NAME",
+                help="with --bounds or --few-heads: only these of the stage-less variants (e.g. 'gather only')")
 args = ap.parse_args()
 rows = []
 if args.bounds or args.few_heads:
@@ -51,7 +53,8 @@ if args.bounds or args.few_heads:
     # blocks, not three)
     staged = [(f"gather only, {k} stages", {**BOUNDS["gather only"], "kv_stages": k, "qk_early": False})
               for k in args.stages]
-    variants = [("shipped", {})] + list(BOUNDS.items()) + staged
+    bounds = [(n, t) for n, t in BOUNDS.items() if args.only is None or n in args.only]
+    variants = [("shipped", {})] + bounds + staged
     for shape in FEW_HEAD_SHAPES if args.few_heads else SHAPES:
         b, h, s_q, topk, s_k = shape
         floor = sparse_floor_us(b, h, s_q, topk, tbps)
@@ -59,6 +62,7 @@ if args.bounds or args.few_heads:
         if args.few_heads:
             row["target_us"] = round(BATCH1_TARGET_US if b == 1 else floor / FEW_HEAD_FLOOR_SHARE, 1)
         else:
+            ops.DECODE_TUNING.clear()  # the shipped dense decode, not the last variant's stages
             row["dense_us"] = round(_dense_us(b * s_q, h, topk, 64), 1)
         for name, tune in variants:
             ops.DECODE_TUNING.clear()
