@@ -2,8 +2,7 @@
 
 Every CTA runs ``decode_scheduler``'s code for its own part from ``cache_seqlens`` (no
 scheduler launch before the decode): two prefix sums over the requests (one warp with
-shuffles for batches of at most 256, a run of up to 8 requests per lane past 32, else
-CTA-wide scans), then its part's row. The row and
+shuffles for batches of at most 32, else CTA-wide scans), then its part's row. The row and
 the split rows of its first and last request go to shared memory (``PLAN_WORDS``), where
 every role reads them back as a ``PartWork`` after its ``setmaxnreg``. Parts left without KV
 work are assigned a split request to help merge.
@@ -19,9 +18,6 @@ from cutlass import Int32
 
 from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, clamp_len
 from snapmla_cute.layouts import smem as L
-
-# batches of at most 32 × this plan in one warp (a run of this many requests per lane)
-WARP_PLAN_PER_LANE = 8
 
 
 @dataclass(frozen=True)
@@ -123,10 +119,6 @@ class Planner:
             # (the lengths' load and the two CTA-wide scans, four barriers, took ~1.6 µs of each CTA's plan)
             if tidx < 32:
                 total, width = self.plan_warp(m_seqlens, s_pre, s_split, batch, num_parts, tidx)
-        elif batch <= 32 * WARP_PLAN_PER_LANE:
-            # the same with a run of requests per lane (their lengths loaded together)
-            if tidx < 32:
-                total, width = self.plan_warp_runs(m_seqlens, s_pre, s_split, batch, num_parts, tidx)
         else:
             total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, self.threads)
             cute.arch.sync_threads()
@@ -211,55 +203,3 @@ class Planner:
             s_split[batch] = total2
         cute.arch.sync_warp()
         return total, width
-
-    @cute.jit
-    def plan_warp_runs(self, m_seqlens, s_pre, s_split, batch, num_parts, lane):
-        """``plan_warp`` for batch ≤ 32 · ``WARP_PLAN_PER_LANE``: lane l owns the requests
-        ``l·K .. l·K + K - 1`` (K = ``WARP_PLAN_PER_LANE``), whose lengths it loads at once;
-        same values and return as ``plan_warp``."""
-        K = WARP_PLAN_PER_LANE
-        ov = self.planner.cfg.fixed_overhead_blocks
-        units = []
-        for i in cutlass.range_constexpr(K):
-            # lanes past the batch load its last length again (no read out of bounds)
-            r = cutlass.min(lane * K + i, batch - 1)
-            units.append(_kept(self.planner.n_blocks(m_seqlens[r]) + ov, lane * K + i < batch))
-        mine = Int32(0)
-        for i in cutlass.range_constexpr(K):
-            mine += units[i]
-        incl = self.planner.warp_inclusive_scan(mine, lane)
-        total = cute.arch.shuffle_sync(incl, 31)
-        if lane == 0:
-            self.tracer.stamp("lengths_read")
-        width = self.planner.width_of(total, num_parts)
-        run = incl - mine
-        splits = []
-        for i in cutlass.range_constexpr(K):
-            if lane * K + i < batch:
-                s_pre[lane * K + i] = run
-            splits.append(_kept(self.planner.splits_of(run, run + units[i], width), lane * K + i < batch))
-            run += units[i]
-        mine2 = Int32(0)
-        for i in cutlass.range_constexpr(K):
-            mine2 += splits[i]
-        incl2 = self.planner.warp_inclusive_scan(mine2, lane)
-        total2 = cute.arch.shuffle_sync(incl2, 31)
-        run2 = incl2 - mine2
-        for i in cutlass.range_constexpr(K):
-            if lane * K + i < batch:
-                s_split[lane * K + i] = run2
-            run2 += splits[i]
-        if lane == 0:
-            s_pre[batch] = total
-            s_split[batch] = total2
-        cute.arch.sync_warp()
-        return total, width
-
-
-@cute.jit
-def _kept(value, keep):
-    """``value`` where ``keep``, else 0."""
-    out = Int32(0)
-    if keep:
-        out = value
-    return out
