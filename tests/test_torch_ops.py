@@ -17,7 +17,7 @@ def _meta_step_inputs(b=3, s_q=2, h=32, pages=10, ps=64, parts=8):
         seqlens=torch.empty(b, dtype=torch.int32, **m),
         sched=torch.empty(parts, 8, dtype=torch.int32, **m),
         split_offsets=torch.empty(b + 1, dtype=torch.int32, **m),
-        o_partial=torch.empty(b + parts, s_q * h, 512, dtype=torch.bfloat16, **m),
+        o_partial=torch.empty(b + parts, s_q * h, 512, dtype=torch.float32, **m),
         lse_partial=torch.empty(b + parts, s_q * h, dtype=torch.float32, **m),
         counters=torch.empty(b, 2 * ((s_q * h + 63) // 64), dtype=torch.int32, **m),
     )

@@ -197,12 +197,12 @@ def test_plan_buffers_from_the_caller_are_checked():
 
     b, h, parts = 4, 16, 8
     bufs = dict(sched=torch.zeros(parts, 8, dtype=torch.int32), split_offsets=torch.zeros(b + 1, dtype=torch.int32),
-                o_partial=torch.empty(b + parts, h, 512, dtype=torch.bfloat16), lse_partial=torch.empty(b + parts, h),
+                o_partial=torch.empty(b + parts, h, 512), lse_partial=torch.empty(b + parts, h),
                 counters=torch.zeros(b, 2, dtype=torch.int32))
     md = ops.DecodeMetadata.from_buffers(*bufs.values(), s_q=1, heads=h)
     assert (md.batch, md.num_parts) == (b, parts)
     bad = [
-        (dict(o_partial=torch.empty(b + parts - 1, h, 512, dtype=torch.bfloat16), lse_partial=torch.empty(b + parts - 1, h)),
+        (dict(o_partial=torch.empty(b + parts - 1, h, 512), lse_partial=torch.empty(b + parts - 1, h)),
          "o_partial: expected shape \\(>= 12, 16, 512\\)"),
         (dict(lse_partial=torch.empty(b + parts, h + 1)), "lse_partial: expected shape"),
         (dict(counters=torch.zeros(b, 4, dtype=torch.int32)), "counters: expected shape \\(4, 2\\)"),
@@ -210,8 +210,7 @@ def test_plan_buffers_from_the_caller_are_checked():
         (dict(sched=torch.zeros(161, 8, dtype=torch.int32)), "sched: expected shape"),
         (dict(split_offsets=torch.zeros(MAX_BATCH + 2, dtype=torch.int32),
               counters=torch.zeros(MAX_BATCH + 1, 2, dtype=torch.int32)), "split_offsets: expected 1..8192 requests"),
-        (dict(o_partial=torch.empty(b + parts, h, 512)), "o_partial: expected dtype torch.bfloat16"),
-        (dict(lse_partial=torch.empty(b + parts, h, dtype=torch.bfloat16)), "lse_partial: expected dtype torch.float32"),
+        (dict(o_partial=torch.empty(b + parts, h, 512, dtype=torch.float64)), "o_partial: expected dtype torch.float32"),
     ]
     for change, msg in bad:
         with pytest.raises((ValueError, TypeError), match=msg):
@@ -219,15 +218,14 @@ def test_plan_buffers_from_the_caller_are_checked():
     s_q = 2
     sbufs = dict(sched=torch.zeros(parts, 8, dtype=torch.int32),
                  split_offsets=torch.zeros(b * s_q + 1, dtype=torch.int32),
-                 o_partial=torch.empty(b * s_q + parts, h, 512, dtype=torch.bfloat16),
-                 lse_partial=torch.empty(b * s_q + parts, h),
+                 o_partial=torch.empty(b * s_q + parts, h, 512), lse_partial=torch.empty(b * s_q + parts, h),
                  counters=torch.zeros(b, s_q, 2, dtype=torch.int32), full_lengths=torch.full((b,), 64, dtype=torch.int32))
     smd = sp.SparseDecodeMetadata.from_buffers(*sbufs.values(), s_q=s_q, heads=h, topk=64)
     assert (smd.batch, smd.num_parts) == (b, parts)
     with pytest.raises(ValueError, match="s_q: expected an int in \\[1, 8\\], got 0"):
         sp.SparseDecodeMetadata.from_buffers(*sbufs.values(), s_q=0, heads=h, topk=64)
     with pytest.raises(ValueError, match="o_partial: expected shape \\(>= 16, 16, 512\\)"):
-        sp.SparseDecodeMetadata.from_buffers(*dict(sbufs, o_partial=torch.empty(b * s_q, h, 512, dtype=torch.bfloat16)).values(),
+        sp.SparseDecodeMetadata.from_buffers(*dict(sbufs, o_partial=torch.empty(b * s_q, h, 512)).values(),
                                              s_q=s_q, heads=h, topk=64)
 
 
@@ -242,7 +240,7 @@ def test_sparse_hot_path_explains_bad_indices(no_cuda_check, monkeypatch):
     qq = (torch.zeros(b, s_q, h, 512, dtype=torch.float8_e4m3fn), torch.zeros(b, s_q, h, 64, dtype=torch.bfloat16),
           torch.ones(b, s_q, h))
     smd = sp.SparseDecodeMetadata.from_buffers(
-        torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512, dtype=torch.bfloat16),
+        torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512),
         torch.empty(3, h), torch.zeros(b, s_q, 2, dtype=torch.int32), torch.full((b,), 4, dtype=torch.int32),
         s_q=s_q, heads=h, topk=4)
     monkeypatch.setitem(ops._hot_sparse, (h, s_q, False), lambda *a: pytest.fail("launched"))

@@ -1,10 +1,7 @@
 """Role: a consumer warpgroup's 256 output dims of a request, normalized, out to global memory.
 
-o/ℓ per row, as bf16 into ``out`` (a request the part holds whole) or into its split's
-partial row (a split request, merged later by ``merge``), with the LSE in fp32. The partials
-are bf16 too: their writes at the end of every split were the epilogue's main cost (fp32:
-8 µs of 86 at b32 h64 s_k8192 on the H100), and an LSE merge of bf16 partials is what a
-context-parallel decode does across its shards. Each warp
+o/ℓ per row, as bf16 into ``out`` (a request the part holds whole) or as fp32 into its
+split's partial row (a split request, merged later by ``merge``), with the LSE. Each warp
 stages its rows through a 1 KB shared buffer so the stores leave as 16-byte accesses
 covering whole 128-byte lines.
 """
@@ -27,7 +24,7 @@ from snapmla_cute.pipelines import roles
 @dataclass(frozen=True)
 class DecodeOutputs:
     """Where results go: ``out`` bf16 (R, 512, b) and ``lse`` fp32 (b, h, s_q); a split
-    request's partials ``o_partial`` bf16 (R, 512, splits) and ``lse_partial`` fp32 (R, splits);
+    request's fp32 partials ``o_partial`` (R, 512, splits) and ``lse_partial`` (R, splits);
     ``counters`` int32 (b, 2·m_tiles): splits counted and mergers done per (request, m-tile)."""
 
     out: object
@@ -44,7 +41,7 @@ class Epilogue:
     def epilogue(self, io, pv_mma_rs, acc_o_mn, state, m_tile, req, split_row, n_splits, any_blocks, wg, wg_tidx,
                  kv_addr):
         """This WG's 256 output columns, normalized by ℓ: bf16 into ``out`` (an unsplit
-        request) or bf16 into its split's partial row; and the LSE. ``state``: (m, σ_p, ℓ)."""
+        request) or fp32 into its split's partial row; and the LSE. ``state``: (m, σ_p, ℓ)."""
         cfg = self.cfg
         row_max, sigma_p, row_sum = state
         # this thread's coordinates from a laundered index: derived from the thread index
@@ -78,7 +75,7 @@ class Epilogue:
         if n_splits == 1:
             self.store_tile(acc_o_mn, c_o_mn, inv, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf)
         else:
-            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, BFloat16, m_tile, wg, wg_tidx, buf)
+            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
 
     @cute.jit
     def store_tile(self, acc_o_mn, c_o_mn, inv, m_dst, idx, dtype: cutlass.Constexpr, m_tile, wg, wg_tidx, buf):
