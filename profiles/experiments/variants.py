@@ -72,16 +72,16 @@ def main():
                     help="also one KV stage fewer and the QK content chain twice (a hi + lo query's cost)")
     ap.add_argument("--no-s2", action="store_true", help="leave out the s_q2 causal shape")
     ap.add_argument("--no-s1", action="store_true", help="leave out the s_k4096 shape")
-    ap.add_argument("--shapes", default="", help="more h128 s_q1 shapes as batch:length,... (e.g. 1:4096,8:4096)")
+    ap.add_argument("--shapes", default="", help="more s_q1 shapes as batch:length[:heads],... (h128 unless given; e.g. 1:4096,64:2048:64)")
     ap.add_argument("--variants", help='JSON {name: DecodeConfig fields} instead of the default set')
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds, variants interleaved (drift shows)")
     args = ap.parse_args()
     rows = []
     shapes = [sh for sh in DEFAULT_SHAPES if not (args.no_s2 and sh.causal) and not (args.no_s1 and not sh.causal)]
-    extra = [
-        Shape(f"b{b} h128 s_q1 s_k{n}", int(b), 128, 1, int(n), False)
-        for b, n in (x.split(":") for x in args.shapes.split(",") if x)
-    ]
+    extra = []
+    for x in filter(None, args.shapes.split(",")):
+        b, n, h = (x.split(":") + ["128"])[:3]
+        extra.append(Shape(f"b{b} h{h} s_q1 s_k{n}", int(b), int(h), 1, int(n), False))
     for sh in (shapes + (H64_SHAPES if args.h64 else []) + (SMALL_SHAPES if args.small else [])
                + (VARLEN_SHAPES if args.varlen else []) + extra):
         c = make_case(sh)
