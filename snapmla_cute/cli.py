@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_bench)
     pr = sub.add_parser("profile", help="Nsight Compute profile of the decode step (one kernel)")
     pr.add_argument("shapes", nargs="*", default=["s1", "s2"],
-                    help="s1: b128 h128 s_q1 s_k4096 (memory-bound); s2: b128 h128 s_q2 s_k8192 causal (compute-bound)")
+                    help="s1: b128 h128 s_q1 s_k4096 (memory-bound); s2: b128 h128 s_q2 s_k8192 causal (compute-bound); "
+                         "sp128 / sp64 / sp8: the sparse decode at b128 h128 / b64 h64 / b64 h8, topk2048 of 8192")
     pr.add_argument("--out", default="profiles/reports", help="folder for the .ncu-rep reports and text summaries")
     pr.add_argument("--ncu", help="path of the ncu binary (default: found on PATH)")
     pr.add_argument("--summarize", metavar="REPORT", help="only print the summary of an existing .ncu-rep")

@@ -2,9 +2,10 @@
 
 Three pieces, so each can run alone:
 
-* ``run_target(shape)`` — what runs under ncu: builds one decode case, compiles and runs it
-  once outside the profiled range, then one ``mla_decode`` call (one decode kernel)
-  between ``cudaProfilerStart``/``Stop``.
+* ``run_target(shape)`` — what runs under ncu: builds one decode case (dense, or sparse
+  for a shape with ``topk``), compiles and runs it once outside the profiled range, then one
+  ``mla_decode`` / ``mla_decode_sparse`` call (one decode kernel) between
+  ``cudaProfilerStart``/``Stop``.
 * ``ncu_command(...)`` — the ncu command line: ``--clock-control none`` (the clocks stay as
   in serving), ``--profile-from-start off``, and the sections that matter for this kernel.
 * ``summarize(report)`` — reads a ``.ncu-rep`` back through ``ncu --import`` and prints per
@@ -42,6 +43,7 @@ class Shape:
     causal: bool
     page_size: int = 64
     varlen: bool = False  # lengths drawn as the bench's varlen row does (around seqlen)
+    topk: int = 0  # > 0: the sparse decode, each query token with topk indices into its request's seqlen tokens
 
 
 SHAPES = {
@@ -49,6 +51,10 @@ SHAPES = {
     "s1": Shape("b128 h128 s_q1 s_k4096", 128, 128, 1, 4096, False),
     # compute-bound: two causal query tokens
     "s2": Shape("b128 h128 s_q2 s_k8192 causal", 128, 128, 2, 8192, True),
+    # the sparse decode (the gather of 640-byte rows by cp.async): the bench's rows
+    "sp128": Shape("sparse b128 h128 s_q1 topk2048 of 8192", 128, 128, 1, 8192, False, topk=2048),
+    "sp64": Shape("sparse b64 h64 s_q1 topk2048 of 8192", 64, 64, 1, 8192, False, topk=2048),
+    "sp8": Shape("sparse b64 h8 s_q1 topk2048 of 8192", 64, 8, 1, 8192, False, topk=2048),
 }
 
 
@@ -87,10 +93,24 @@ def make_case(shape: Shape) -> dict:
     return c
 
 
+def make_sparse_case(shape: Shape) -> dict:
+    """A sparse decode step of ``shape`` (``bench_sparse.sparse_case``: distinct random
+    indices into each request's tokens): ``cache``, ``q_bf16``, ``q``, ``indices``,
+    ``metadata``, ``out``, ``lse`` and ``step`` (one ``mla_decode_sparse(check=False)``)."""
+    from snapmla_cute import mla_decode_sparse
+    from snapmla_cute.bench_sparse import sparse_case
+
+    cache, q, qq, idx, md = sparse_case(shape.batch, shape.heads, shape.s_q, shape.topk, shape.seqlen, shape.page_size)
+    out, lse = mla_decode_sparse(qq, cache, idx, metadata=md)
+    c = dict(cache=cache, q_bf16=q, q=qq, indices=idx, metadata=md, out=out, lse=lse)
+    c["step"] = lambda: mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse, check=False)
+    return c
+
+
 def run_target(shape: Shape) -> None:
     import torch
 
-    step = make_case(shape)["step"]
+    step = (make_sparse_case(shape) if shape.topk else make_case(shape))["step"]
     step()  # compile / load and run once outside the profiled range
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()

@@ -4,6 +4,7 @@ when they fill 90% of the slots).
 
     python3 profiles/experiments/parts_sweep.py [--batches 1,2,4,8] [--lengths 640,4096,32768] [--parts 33,44,66]
     python3 profiles/experiments/parts_sweep.py --heads 64 --batches 128 --lengths 16384 --parts 128,132
+    python3 profiles/experiments/parts_sweep.py --heads 64 --batches 96 --lengths 2048 --parts 96,132 --varlen
 """
 
 import argparse
@@ -20,12 +21,13 @@ def main():
     ap.add_argument("--lengths", default="640,4096,32768")
     ap.add_argument("--parts", default="33,44,66")
     ap.add_argument("--heads", type=int, default=128)
+    ap.add_argument("--varlen", action="store_true", help="lengths around each length, drawn as the bench's varlen row")
     a = ap.parse_args()
     parts = [int(p) for p in a.parts.split(",")]
     print(f"{'b':>3s} {'s_k':>6s} " + " ".join(f"{p:>7d}" for p in parts) + "   (µs per parts)")
     for b in (int(x) for x in a.batches.split(",")):
         for L in (int(x) for x in a.lengths.split(",")):
-            c = make_case(Shape(f"b{b} s_k{L}", b, a.heads, 1, L, False))
+            c = make_case(Shape(f"b{b} s_k{L}", b, a.heads, 1, L, False, varlen=a.varlen))
             q, cache, bt, lens, out, lse = (c[k] for k in ("q", "cache", "block_table", "seqlens", "out", "lse"))
             row = []
             for p in parts:
