@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -162,6 +163,32 @@ def source_csv(report: str, ncu: str = "ncu") -> str:
         [ncu, "--import", report, "--page", "source", "--csv", "--print-source", "sass"],
         check=True, capture_output=True, text=True,
     ).stdout
+
+
+def read_source_csv(path: str) -> tuple[dict, list[list[str]]]:
+    """A saved ``source_csv`` (``decode_<shape>_sass.csv``, or ``.gz``): (column index by
+    name, the instruction rows, each as long as the header)."""
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        rows = list(csv.reader(f))
+    head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+    hdr = rows[head]
+    return {h: i for i, h in enumerate(hdr)}, [r for r in rows[head + 1 :] if len(r) == len(hdr)]
+
+
+def sass_opcode(source: str) -> str:
+    """The opcode of a SASS line of the source page (its predicate left off)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", source.strip()).split()[0]
+
+
+def csv_number(x: str) -> float:
+    """A source-page counter ("1,234"); 0 for an empty or non-numeric cell."""
+    try:
+        return float(x.replace(",", ""))
+    except ValueError:
+        return 0.0
 
 
 def _short(name: str) -> str:

@@ -20,25 +20,19 @@ SPARSE = [(64, 8, 1, 2048, 8192), (128, 8, 2, 2048, 8192), (128, 16, 1, 2048, 81
 
 def time_rows(reps: int):
     import snapmla_cute
-    from snapmla_cute import mla_decode, mla_decode_sparse
     from snapmla_cute.bench import time_us
-    from snapmla_cute.bench_sparse import sparse_case
-    from snapmla_cute.profiling import Shape, make_case
+    from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 
     print("package:", snapmla_cute.__file__, flush=True)
+    shapes = [Shape(f"dense b{b} h{h} s_k{s_k}", b, h, 1, s_k, False) for b, h, s_k in DENSE] + [
+        Shape(f"sparse b{b} h{h} s_q{s_q} topk{topk}", b, h, s_q, s_k, False, topk=topk)
+        for b, h, s_q, topk, s_k in SPARSE
+    ]
     rows = {}
-    for b, h, s_k in DENSE:
-        c = make_case(Shape(f"b{b} h{h} s_k{s_k}", b, h, 1, s_k, False))
-        q, cache, bt, lens, md, out, lse = (c[k] for k in ("q", "cache", "block_table", "seqlens", "metadata", "out", "lse"))
-        fn = lambda: mla_decode(q, cache, bt, lens, metadata=md, out=out, lse=lse, check=False)  # noqa: E731
-        rows[f"dense b{b} h{h} s_k{s_k}"] = [time_us(fn) for _ in range(reps)]
-        print(rows, flush=True)
-    for b, h, s_q, topk, s_k in SPARSE:
-        cache, _, qq, idx, md = sparse_case(b, h, s_q, topk, s_k)
-        out, lse = mla_decode_sparse(qq, cache, idx, metadata=md)
-        fn = lambda: mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse, check=False)  # noqa: E731
-        rows[f"sparse b{b} h{h} s_q{s_q} topk{topk}"] = [time_us(fn) for _ in range(reps)]
-        print(rows, flush=True)
+    for sh in shapes:
+        step = (make_sparse_case(sh) if sh.topk else make_case(sh))["step"]
+        rows[sh.name] = [time_us(step) for _ in range(reps)]
+        print(sh.name, [round(us, 1) for us in rows[sh.name]], flush=True)
     return rows
 
 

@@ -8,10 +8,9 @@ variant, rounds interleaved.
 """
 from tabulate import tabulate
 
-from snapmla_cute import mla_decode_sparse, ops
+from snapmla_cute import ops
 from snapmla_cute.bench import time_us
-from snapmla_cute.bench_sparse import sparse_case
-from snapmla_cute.profiling import Shape, make_case
+from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 
 DENSE = [(64, 64, 2048), (32, 64, 8192), (32, 64, 2048), (8, 128, 8192), (128, 128, 4096)]
 SPARSE = [(64, 64, 1, 2048, 8192), (32, 64, 1, 8192, 16384), (64, 8, 1, 2048, 8192), (128, 128, 1, 2048, 8192)]
@@ -24,13 +23,8 @@ def main():
         c = make_case(Shape(f"b{b} h{h} s_k{n}", b, h, 1, n, False))
         calls.append((f"dense b{b} h{h} s_k{n}", c["step"]))
     for b, h, s_q, topk, s_k in SPARSE:
-        cache, _, qq, idx, md = sparse_case(b, h, s_q, topk, s_k)
-        out, lse = mla_decode_sparse(qq, cache, idx, metadata=md)
-
-        def step(cache=cache, qq=qq, idx=idx, md=md, out=out, lse=lse):
-            return mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse, check=False)
-
-        calls.append((f"sparse b{b} h{h} topk{topk}", step))
+        c = make_sparse_case(Shape(f"sparse b{b} h{h} topk{topk}", b, h, s_q, s_k, False, topk=topk))
+        calls.append((f"sparse b{b} h{h} topk{topk}", c["step"]))
     rows = {name: {"shape": name} for name, _ in calls}
     for rnd in range(2):
         for vname, tune in VARIANTS.items():

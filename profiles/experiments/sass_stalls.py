@@ -8,16 +8,9 @@ producer's gather loop: its LDGSTS and the shuffles and address math before them
 
 import argparse
 import collections
-import csv
-import gzip
-import re
 
-
-def num(x: str) -> float:
-    try:
-        return float(x.replace(",", ""))
-    except ValueError:
-        return 0.0
+from snapmla_cute.profiling import csv_number as num
+from snapmla_cute.profiling import read_source_csv, sass_opcode
 
 
 def column(ix: dict, *needles: str) -> int | None:
@@ -31,28 +24,21 @@ def main():
     ap.add_argument("--top", type=int, default=30, help="instructions with the most stall samples")
     ap.add_argument("--range", help="only addresses lo:hi (hex), e.g. one loop's body")
     a = ap.parse_args()
-    opener = gzip.open if a.csv.endswith(".gz") else open
-    with opener(a.csv, "rt") as f:
-        rows = list(csv.reader(f))
-    head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
-    hdr = rows[head]
-    ix = {h: i for i, h in enumerate(hdr)}
+    ix, rows = read_source_csv(a.csv)
     c_all = column(ix, "stall sampling", "all")
     c_not = column(ix, "stall sampling", "not")
     c_exe = column(ix, "instructions executed")
     if c_all is None:
-        raise SystemExit(f"no warp-stall column; the CSV has: {hdr}")
+        raise SystemExit(f"no warp-stall column; the CSV has: {list(ix)}")
     lo, hi = (int(x, 16) for x in a.range.split(":")) if a.range else (0, 1 << 62)
     by_op, by_op_not, execd = collections.Counter(), collections.Counter(), collections.Counter()
     insts = []
-    for r in rows[head + 1:]:
-        if len(r) != len(hdr):
-            continue
+    for r in rows:
         addr = int(r[ix["Address"]], 16) if r[ix["Address"]].startswith("0x") else -1
         if not lo <= addr < hi:
             continue
         src = r[ix["Source"]].strip()
-        op = re.sub(r"^@!?U?P\w+\s+", "", src).split()[0] if src else "?"
+        op = sass_opcode(src) if src else "?"
         samples = num(r[c_all])
         by_op[op] += samples
         by_op_not[op] += num(r[c_not]) if c_not is not None else 0

@@ -8,16 +8,9 @@ when given the kernel's blocks (s1: 128 CTAs x 128 blocks).
 
 import argparse
 import collections
-import csv
-import gzip
-import re
 
-
-def num(x: str) -> float:
-    try:
-        return float(x.replace(",", ""))
-    except ValueError:
-        return 0.0
+from snapmla_cute.profiling import csv_number as num
+from snapmla_cute.profiling import read_source_csv, sass_opcode
 
 
 def main():
@@ -25,17 +18,12 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--blocks", type=float, default=128 * 128, help="CTAs x blocks per CTA (s1: 128 x 128)")
     a = ap.parse_args()
-    opener = gzip.open if a.csv.endswith(".gz") else open
-    with opener(a.csv, "rt") as f:
-        rows = list(csv.reader(f))
-    head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
-    hdr = rows[head]
-    ix = {h: i for i, h in enumerate(hdr)}
+    ix, rows = read_source_csv(a.csv)
     wf, inst, ideal = collections.Counter(), collections.Counter(), collections.Counter()
-    for r in rows[head + 1:]:
-        if len(r) != len(hdr) or not num(r[ix["L1 Wavefronts Shared"]]):
+    for r in rows:
+        if not num(r[ix["L1 Wavefronts Shared"]]):
             continue
-        op = re.sub(r"^@!?U?P\w+\s+", "", r[ix["Source"]].strip()).split()[0]
+        op = sass_opcode(r[ix["Source"]])
         wf[op] += num(r[ix["L1 Wavefronts Shared"]])
         inst[op] += num(r[ix["Instructions Executed"]])
         ideal[op] += num(r[ix["L1 Wavefronts Shared Ideal"]])
