@@ -11,7 +11,7 @@ The last column replays the plan with each length clamped to [0, MAX_SEQLEN] fir
 """
 from tabulate import tabulate
 
-from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN
+from snapmla_cute.kernels.decode_scheduler import clamp_len_host
 
 OV = 5  # SchedulerConfig.fixed_overhead_blocks
 
@@ -62,7 +62,7 @@ def main():
         off, rows = plan_rows(lens, parts)
         lo, hi = (min(rows), max(rows)) if rows else ("-", "-")
         bad = bool(rows) and (min(rows) < 0 or max(rows) >= len(lens) + parts)
-        _, rows_c = plan_rows([min(max(L, 0), MAX_SEQLEN) for L in lens], parts)
+        _, rows_c = plan_rows([clamp_len_host(L) for L in lens], parts)
         bad_c = bool(rows_c) and (min(rows_c) < 0 or max(rows_c) >= len(lens) + parts)
         out.append(dict(lengths=str(lens), split_offsets=str(off), rows_written=f"{lo}..{hi}",
                         buffer_rows=len(lens) + parts, outside=bad, outside_clamped=bad_c))

@@ -246,6 +246,11 @@ def clamp_len(seqlen):
     return cutlass.min(cutlass.max(seqlen, 0), MAX_SEQLEN)
 
 
+def clamp_len_host(seqlen) -> int:
+    """``clamp_len`` on the host (a DSL function does not run on Python ints)."""
+    return min(max(int(seqlen), 0), MAX_SEQLEN)
+
+
 def fake_args(config: SchedulerConfig):
     i32 = cutlass.Int32
     return (
@@ -263,7 +268,7 @@ def compile(config: SchedulerConfig = SchedulerConfig(), *, arch: str | None = N
 
 def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):
     """The same plan in plain Python: ``(sched rows, split_offsets)``, for tests and planning."""
-    lens = [min(max(int(x), 0), MAX_SEQLEN) for x in cache_seqlens]
+    lens = [clamp_len_host(x) for x in cache_seqlens]
     ov = cfg.fixed_overhead_blocks
     n_blocks = [(L + cfg.block_n - 1) // cfg.block_n for L in lens]
     pre = [0]
