@@ -263,7 +263,10 @@ class DecodeMetadata:
         return md
 
     def update(self, cache_seqlens: torch.Tensor) -> None:
-        _launcher(_scheduler.compile)(cache_seqlens, self.sched, self.split_offsets)
+        """Plans into ``sched`` / ``split_offsets`` as the decode kernel will (which re-plans
+        at every call and writes back the plan it ran)."""
+        c = plan_config(self.s_q, self.heads)
+        _launcher(_scheduler.compile)(cache_seqlens, self.sched, self.split_offsets, c.split_units, c.stream_parts)
 
 
 _MERGE_MAX_SPLITS = []
@@ -280,6 +283,17 @@ def _merge_max_splits() -> int:
 
 def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan_config(s_q: int, heads: int, *, sparse: bool = False) -> "_scheduler.SchedulerConfig":
+    """The split-KV plan's constants of a decode shape (``DecodeConfig.scheduler`` under
+    ``DECODE_TUNING``): ``decode_scheduler.schedule_reference(lengths, parts, plan_config(...))``
+    is the plan the decode kernel runs."""
+    from snapmla_cute.kernels.decode.config import DecodeConfig
+
+    tuning = {k: v for k, v in DECODE_TUNING.items() if k == "whole_plans"}
+    return DecodeConfig(heads=heads, s_q=1 if sparse else s_q, page_size=1 if sparse else 64, causal=False,
+                        sparse=sparse, **tuning).scheduler
 
 
 def default_num_parts(batch: int, m_tiles: int, num_sms: int) -> int:

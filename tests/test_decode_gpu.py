@@ -270,7 +270,7 @@ def test_unchecked_lengths_are_clamped(seed):
     mla_decode(quantize_q(c["q"]), c["cache"], c["block_table"], bad, metadata=guarded, out=out, lse=lse, check=False)
     torch.cuda.synchronize()
     assert torch.all(o_all[rows:] == 12345.0) and torch.all(l_all[rows:] == 12345.0)
-    assert md.split_offsets.cpu().tolist() == schedule_reference([0, 6400, 6400], parts)[1]
+    assert md.split_offsets.cpu().tolist() == schedule_reference([0, 6400, 6400], parts, ops.plan_config(1, 64))[1]
     assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
     (ox, lx), (oe, le) = references(c, False)
     assert ref.rel_l2(out[1:].float(), oe[1:].bfloat16().float()) <= EMU_REL
@@ -296,17 +296,25 @@ def test_zero_length_batch_gives_zero_and_neg_inf(seed):
 
 
 @pytest.mark.parametrize("parts", [1, 7, 66, 132, 300])
-def test_device_scheduler_matches_reference(parts):
+@pytest.mark.parametrize("units, stream", [(0, 0), (6, 105), (1, 0)])
+def test_device_scheduler_matches_reference(parts, units, stream):
+    """The standalone scheduler (``DecodeMetadata.update``) against the reference, with the
+    whole-request rule off and at two shapes' constants (short batches to reach it)."""
     from snapmla_cute import ops
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+    from snapmla_cute.kernels.decode_scheduler import SchedulerConfig, schedule_reference
 
     rng = random.Random(parts)
-    for _ in range(4):
-        lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 70000)]) for _ in range(rng.randint(1, 600))]
+    cfg = SchedulerConfig(split_units=units, stream_parts=stream)
+    for i in range(6):
+        if i < 3:
+            lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 70000)]) for _ in range(rng.randint(1, 600))]
+        else:
+            lens = [rng.choice([0, 1, rng.randint(500, 1500)]) for _ in range(rng.randint(1, parts))]
         sched = torch.full((parts, 8), -7, dtype=torch.int32, device="cuda")
         offsets = torch.full((len(lens) + 1,), -7, dtype=torch.int32, device="cuda")
-        ops._launcher(ops._scheduler.compile)(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets)
-        want_sched, want_offsets = schedule_reference(lens, parts)
+        ops._launcher(ops._scheduler.compile)(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets,
+                                              units, stream)
+        want_sched, want_offsets = schedule_reference(lens, parts, cfg)
         assert sched.cpu().tolist() == want_sched, lens
         assert offsets.cpu().tolist() == want_offsets, lens
 
@@ -324,6 +332,7 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
     """The decode kernel plans its own part (the plan it ran is written back to the
     metadata and must be the reference plan) and merges split requests itself (splits
     0..n-2 each merge a share of the rows), from 2 to ~100 splits per request."""
+    from snapmla_cute import ops
     from snapmla_cute.kernels.decode_scheduler import schedule_reference
 
     rng = random.Random(seed * 1000 + parts)
@@ -334,7 +343,7 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
     md.split_offsets.fill_(-7)
     for _ in range(2):  # the second call checks the split counters came back to zero
         out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
-        sched, offsets = schedule_reference(lens, parts)
+        sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, h))
         assert md.sched.cpu().tolist() == sched, lens
         assert md.split_offsets.cpu().tolist() == offsets, lens
         assert torch.all(md.counters == 0)
@@ -342,6 +351,41 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
         assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
         assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
         assert torch.equal(torch.isinf(lse), torch.isinf(lx.float()))
+
+
+@pytest.mark.parametrize("b, h, parts", [(24, 64, 24), (48, 32, 60), (20, 128, 30)])
+def test_whole_request_plan(seed, b, h, parts):
+    """Batches that fit the parts, with lengths that would be cut by the split plan: part p
+    takes request p whole (the one-warp plan at b <= 32, the CTA-wide one past it), empty
+    and one-token requests among them; the plan the kernel ran is the reference's and the
+    outputs match the emulation, then again with the split-everywhere plan."""
+    from snapmla_cute import ops
+    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+
+    rng = random.Random(seed * 31 + b)
+    lens = [0, 1] + [rng.randint(700, 1300) for _ in range(b - 2)]
+    c = build_case(b, 1, h, 64, lens, seed=seed)
+    (ox, lx), (oe, le) = references(c, False)
+    for whole in (True, False):
+        ops.DECODE_TUNING.update(whole_plans=whole)
+        try:
+            md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
+            sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, h))
+            assert (offsets[-1] == b) == whole, offsets[-1]  # whole requests only with the rule
+            md.sched.fill_(-7)
+            md.split_offsets.fill_(-7)
+            out = torch.full((b, 1, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+            lse = torch.full((b, h, 1), float("nan"), device="cuda")
+            mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
+        finally:
+            ops.DECODE_TUNING.clear()
+        assert md.sched.cpu().tolist() == sched, lens
+        assert md.split_offsets.cpu().tolist() == offsets, lens
+        assert torch.all(md.counters == 0)
+        assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
+        assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
+        assert ref.rel_l2(out.float(), ox) <= 5e-2
+        assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
 
 
 MERGE_FEW = DecodeConfig(heads=8, s_q=1, page_size=64, causal=False).merge_few
@@ -384,6 +428,7 @@ def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
     """Batches of at most 32 requests plan with one warp's shuffle scans, larger ones with
     the CTA-wide scans (``plan.Planner.plan``): both sides of the limit give the
     reference plan, split requests included, and the emulation's output."""
+    from snapmla_cute import ops
     from snapmla_cute.kernels.decode_scheduler import schedule_reference
 
     rng = random.Random(seed * 7 + batch)
@@ -394,7 +439,7 @@ def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
     md.sched.fill_(-7)
     md.split_offsets.fill_(-7)
     out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
-    sched, offsets = schedule_reference(lens, parts)
+    sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, 16))
     assert md.sched.cpu().tolist() == sched, lens
     assert md.split_offsets.cpu().tolist() == offsets, lens
     assert offsets[-1] > batch  # some request was split

@@ -7,8 +7,12 @@ import pytest
 from snapmla_cute.kernels.decode_scheduler import SchedulerConfig, schedule_reference
 
 
-def _coverage(lens, parts):
-    cfg = SchedulerConfig()
+# the plan's constants: the split-everywhere plan, and the decode's at 64 and at 8 rows
+# (whole-request plans where they pay)
+CONFIGS = [SchedulerConfig(), SchedulerConfig(split_units=6, stream_parts=105), SchedulerConfig(split_units=1)]
+
+
+def _coverage(lens, parts, cfg=SchedulerConfig()):
     sched, offsets = schedule_reference(lens, parts, cfg)
     n_blocks = [(L + 63) // 64 for L in lens]
     seen = {r: [] for r in range(len(lens))}
@@ -28,12 +32,13 @@ def _coverage(lens, parts):
     return n_blocks, seen, splits_seen, offsets
 
 
+@pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("parts", [1, 7, 66, 132])
-def test_every_block_once_and_split_counts_match(parts):
+def test_every_block_once_and_split_counts_match(parts, cfg):
     rng = random.Random(parts)
     for _ in range(20):
         lens = [rng.choice([0, 1, 63, 64, 65, rng.randint(0, 70000)]) for _ in range(rng.randint(1, 40))]
-        n_blocks, seen, splits_seen, offsets = _coverage(lens, parts)
+        n_blocks, seen, splits_seen, offsets = _coverage(lens, parts, cfg)
         for r, n in enumerate(n_blocks):
             assert seen[r] == (list(range(n)) if n else ["empty"]), (lens, parts, r)
             n_splits = offsets[r + 1] - offsets[r]
@@ -71,10 +76,10 @@ def test_default_parts_avoid_splitting_equal_batches():
     assert offsets[-1] == 128  # no request split
 
 
-def _merge_roles(lens, parts):
+def _merge_roles(lens, parts, cfg=SchedulerConfig()):
     """The in-kernel merge as the decode kernel's consumers see it: for every visit of a
     split request, (split index, part, is it the part's last request)."""
-    sched, offsets = schedule_reference(lens, parts)
+    sched, offsets = schedule_reference(lens, parts, cfg)
     visits = {}
     for p, (b, _, e, _, begin_split, *_) in enumerate(sched):
         if b >= len(lens):
@@ -87,15 +92,16 @@ def _merge_roles(lens, parts):
     return visits, offsets
 
 
+@pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("parts", [1, 7, 16, 33, 40, 66, 132])
-def test_merge_counts_and_waiting_splits(parts):
+def test_merge_counts_and_waiting_splits(parts, cfg):
     """Each split request is counted by exactly its n splits (indices 0..n-1, once each), and
     the splits that wait for the count (0..n-2) all process that request last in their part,
     so no waiting CTA holds work another split needs."""
     rng = random.Random(1000 + parts)
     for _ in range(200):
         lens = [rng.choice([0, 1, 63, 64, 65, rng.randint(0, 9000)]) for _ in range(rng.randint(1, 40))]
-        visits, offsets = _merge_roles(lens, parts)
+        visits, offsets = _merge_roles(lens, parts, cfg)
         for req, seen in visits.items():
             n = offsets[req + 1] - offsets[req]
             assert sorted(s for s, _, _ in seen) == list(range(n)), (lens, parts, req)
@@ -138,3 +144,66 @@ def test_lengths_outside_the_range_plan_as_clamped():
             for row in sched:
                 if row[0] < len(lens):
                     assert 0 <= offsets[row[0]] + row[4] < len(lens) + parts, (lens, parts, row)
+
+
+# H100, graph-replay µs, the same run per row (profiles/NOTES.md, "Whole-request plans"):
+# (batch, length, heads, sparse, parts, µs with part p = request p, µs on the parts' split plan)
+MEASURED = [
+    (40, 1024, 128, False, 66, 30.9, 39.9), (40, 2048, 128, False, 66, 54.3, 55.2),
+    (40, 4096, 128, False, 66, 98.4, 81.0), (48, 1024, 128, False, 66, 31.7, 45.1),
+    (48, 2048, 128, False, 66, 53.7, 61.4), (48, 4096, 128, False, 66, 98.7, 96.1),
+    (56, 1024, 128, False, 66, 33.9, 49.4), (56, 2048, 128, False, 66, 55.9, 70.5),
+    (56, 4096, 128, False, 66, 99.9, 108.6),
+    (48, 1024, 64, False, 132, 31.2, 35.3), (48, 2048, 64, False, 132, 54.3, 48.7),
+    (48, 4096, 64, False, 132, 96.9, 73.0), (64, 1024, 64, False, 132, 33.4, 41.9),
+    (64, 2048, 64, False, 132, 55.9, 59.4), (64, 4096, 64, False, 132, 99.2, 89.0),
+    (64, 8192, 64, False, 132, 186.8, 147.6), (64, 16384, 64, False, 132, 353.0, 262.5),
+    (96, 1024, 64, False, 132, 37.9, 54.4), (96, 2048, 64, False, 132, 60.7, 78.4),
+    (96, 4096, 64, False, 132, 106.7, 123.3), (96, 8192, 64, False, 132, 205.3, 211.3),
+    (64, 2048, 16, False, 132, 53.8, 48.9), (64, 8192, 16, False, 132, 185.7, 134.3),
+    (96, 2048, 16, False, 132, 57.1, 64.2),
+    (64, 2048, 64, True, 132, 70.9, 65.4), (96, 2048, 64, True, 132, 73.0, 87.9),
+    (64, 2048, 8, True, 132, 68.3, 53.6),
+]
+
+
+@pytest.mark.parametrize("b, length, heads, sparse, parts, whole_us, split_us", MEASURED)
+def test_whole_request_rule_picks_the_faster_plan(b, length, heads, sparse, parts, whole_us, split_us):
+    """The rule's constants against the H100's measurements: equal lengths, the plan with
+    the lower time (the rows within 1% either way are left out of this table)."""
+    from snapmla_cute.ops import plan_config
+
+    sched, offsets = schedule_reference([length] * b, parts, plan_config(1, heads, sparse=sparse))
+    assert (offsets[-1] == b) == (whole_us < split_us), (offsets[-1], whole_us, split_us)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[1:])
+def test_whole_plan_is_part_p_request_p(cfg):
+    lens = [300 + r for r in range(90)] + [0, 1]
+    sched, offsets = schedule_reference(lens, 132, cfg)
+    assert offsets == list(range(93))
+    for p, row in enumerate(sched):
+        if p < len(lens):
+            assert row == [p, 0, p, (lens[p] + 63) // 64, 0, 0, 0, 0]
+        else:
+            assert row == [len(lens), 0, 0, 0, 0, 0, 0, 0]
+    # one long request among short ones: splitting it pays, the rule keeps the split plan
+    _, offsets = schedule_reference(lens[:-3] + [60000], 132, cfg)
+    assert offsets[-1] > 90
+
+
+def test_plan_config_of_the_decode_shapes():
+    from snapmla_cute import ops
+    from snapmla_cute.kernels.decode import DecodeConfig
+
+    assert ops.plan_config(1, 64) == SchedulerConfig(split_units=6, stream_parts=105)
+    assert ops.plan_config(1, 128) == SchedulerConfig(split_units=6, stream_parts=105)
+    assert ops.plan_config(1, 16) == SchedulerConfig(split_units=2, stream_parts=105)
+    assert ops.plan_config(2, 8) == SchedulerConfig(split_units=2, stream_parts=105)
+    assert ops.plan_config(1, 8, sparse=True) == SchedulerConfig(split_units=1, stream_parts=0)
+    assert DecodeConfig(heads=64, s_q=1, page_size=64, causal=False, whole_plans=False).scheduler == SchedulerConfig()
+    ops.DECODE_TUNING.update(whole_plans=False)
+    try:
+        assert ops.plan_config(1, 64) == SchedulerConfig()
+    finally:
+        ops.DECODE_TUNING.clear()

@@ -11,6 +11,16 @@ whose units fall there. A request whose blocks span several parts is split (its 
 results are merged inside the decode kernel); an empty request belongs to the part that covers
 the last unit of its overhead and writes a zero output and -inf LSE.
 
+Whole-request plans: when the batch fits the parts and splitting would not pay
+(``whole_requests``), part p takes request p whole and parts past the batch stay idle. A split
+costs its fp32 partial, written and read back by the merge (``split_units`` per split, about
+6 units for 64 rows), and a fixed wait for the merge (``SPLIT_FIXED_UNITS``); and at most
+``stream_parts`` parts stream KV at their full rate before HBM bounds the whole launch. The
+rule picks the plan with the smaller estimate: whole, max(c_max, T / s); split, max(w, (T +
+n_s·split_units) / s) + fixed, with n_s = b + ceil(T / w) - 1 splits (every part boundary
+inside a request), s = min(stream_parts, num_parts). Fitted on the H100 to 29 equal-length
+dense and sparse shapes (profiles/NOTES.md, "Whole-request plans").
+
 Every part is computed independently (binary searches over S in shared memory), so one
 CTA of 256 threads does the whole plan in two block-wide scans.
 
@@ -22,6 +32,9 @@ Output ``sched``         int32 [num_parts, SCHED_FIELDS]:
        ``split_offsets`` int32 [b + 1]: prefix sums of splits per request (request r has
           ``split_offsets[r+1] - split_offsets[r]`` splits, stored from row split_offsets[r]
           of the partial buffers); at most b + num_parts - 1 in all.
+The whole-request rule's two parameters come as scalars (``split_units`` 0: never whole), so
+one compiled scheduler serves every decode shape; the decode kernel plans with its own
+``DecodeConfig.scheduler`` values as constants.
 """
 
 from dataclasses import dataclass
@@ -42,6 +55,15 @@ SCHED_FIELDS = 8
 class SchedulerConfig:
     block_n: int = 64  # KV tokens per block
     fixed_overhead_blocks: int = 5  # per-request cost (Q load, epilogue) in block units
+    # the whole-request rule (``whole_requests``): units of one split's fp32 partial, written
+    # and read back (0: never whole requests; the standalone scheduler takes it as a scalar)
+    split_units: int = 0
+    stream_parts: int = 0  # parts streaming KV at full rate before HBM binds (0: every part)
+
+
+# a split's fixed cost beyond its partial's bytes (the drain before the count, the merge's
+# wait), in block units; with split_units and stream_parts fitted on the H100
+SPLIT_FIXED_UNITS = 6
 
 
 MAX_BATCH = 8192  # the prefix sums live in shared memory
@@ -63,6 +85,8 @@ class DecodeSchedulerKernel:
         m_cache_seqlens: cute.Tensor,
         m_sched: cute.Tensor,
         m_split_offsets: cute.Tensor,
+        split_units: Int32,
+        stream_parts: Int32,
         stream,
     ):
         @cute.struct
@@ -71,7 +95,7 @@ class DecodeSchedulerKernel:
             warp_sums: cute.struct.MemRange[Int32, THREADS // 32]
 
         self.shared_storage = SharedStorage
-        self.kernel(m_cache_seqlens, m_sched, m_split_offsets).launch(
+        self.kernel(m_cache_seqlens, m_sched, m_split_offsets, split_units, stream_parts).launch(
             grid=[1, 1, 1], block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream
         )
 
@@ -109,7 +133,8 @@ class DecodeSchedulerKernel:
         return before + x - v, total
 
     @cute.kernel
-    def kernel(self, m_cache_seqlens: cute.Tensor, m_sched: cute.Tensor, m_split_offsets: cute.Tensor):
+    def kernel(self, m_cache_seqlens: cute.Tensor, m_sched: cute.Tensor, m_split_offsets: cute.Tensor,
+               split_units: Int32, stream_parts: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         batch = m_cache_seqlens.shape[0]
         num_parts = m_sched.shape[0]
@@ -121,11 +146,15 @@ class DecodeSchedulerKernel:
         total = self.unit_prefix(m_cache_seqlens, s_pre, s_warp, tidx, THREADS)
         cute.arch.sync_threads()
         width = self.width_of(total, num_parts)
-        self.split_prefix(s_pre, batch, width, m_split_offsets, s_warp, tidx, THREADS)
+        whole = Int32(0)
+        if batch <= num_parts:
+            c_max = self.max_units(s_pre, batch, tidx % 32)
+            whole = self.whole_requests(total, c_max, batch, num_parts, split_units, stream_parts)
+        self.split_prefix(s_pre, batch, self.split_width(total, width, whole), m_split_offsets, s_warp, tidx, THREADS)
 
         # 3. every part on its own
         for p in cutlass.range(tidx, num_parts, THREADS, unroll=1):
-            b_req, b_blk, e_req, e_blk, split = self.part_plan(s_pre, batch, total, width, p)
+            b_req, b_blk, e_req, e_blk, split = self.part_plan(s_pre, batch, total, width, p, whole)
             m_sched[p, 0] = b_req
             m_sched[p, 1] = b_blk
             m_sched[p, 2] = e_req
@@ -170,9 +199,47 @@ class DecodeSchedulerKernel:
         self.runs_prefix(lambda r: self.n_splits(s_pre, r, width), batch, m_out, s_warp, tidx, threads)
 
     @cute.jit
-    def part_plan(self, s_pre, batch, total, width, p):
+    def max_units(self, s_pre, batch, lane):
+        """The largest request cost c_max (units) from the prefix sums, by one warp (every
+        lane gets it; each warp may compute it, no barrier)."""
+        m = Int32(0)
+        for r in cutlass.range(lane, batch, 32, unroll=1):
+            m = cutlass.max(m, s_pre[r + 1] - s_pre[r])
+        return cute.arch.warp_redux_sync(m, "max")
+
+    @staticmethod
+    @cute.jit
+    def whole_requests(total, c_max, batch, num_parts, split_units, stream_parts):
+        """1 if part p should take request p whole (the module's rule), else 0."""
+        res = Int32(0)
+        if split_units > 0 and batch <= num_parts:
+            s = num_parts
+            if stream_parts > 0:
+                s = cutlass.min(num_parts, stream_parts)
+            w = cutlass.max((total + num_parts - 1) // num_parts, 1)
+            n_s = batch + (total + w - 1) // w - 1
+            t_split = cutlass.max(w, (total + n_s * split_units + s - 1) // s) + SPLIT_FIXED_UNITS
+            t_whole = cutlass.max(c_max, (total + s - 1) // s)
+            if t_whole <= t_split:
+                res = Int32(1)
+        return res
+
+    @staticmethod
+    @cute.jit
+    def split_width(total, width, whole):
+        """The width ``splits_of`` counts with: past every unit (one split each) when whole
+        (``whole`` None: the rule compiled out)."""
+        w = width
+        if cutlass.const_expr(whole is not None):
+            if whole != 0:
+                w = total + 1
+        return w
+
+    @cute.jit
+    def part_plan(self, s_pre, batch, total, width, p, whole=None):
         """Part ``p``'s row of the plan from the unit prefix sums: (begin request, begin
-        block, end request, end block, split index of the begin request)."""
+        block, end request, end block, split index of the begin request); with ``whole``,
+        request p (all its blocks) or nothing past the batch (``whole`` None: never)."""
         ov = self.cfg.fixed_overhead_blocks
         u0 = p * width
         u1 = cutlass.min(u0 + width, total)
@@ -181,7 +248,15 @@ class DecodeSchedulerKernel:
         e_req = Int32(0)
         e_blk = Int32(0)
         split = Int32(0)
-        if u0 < total:
+        in_plan = u0 < total
+        if cutlass.const_expr(whole is not None):
+            if whole != 0:
+                in_plan = False
+                if p < batch:
+                    b_req = p
+                    e_req = p
+                    e_blk = s_pre[p + 1] - s_pre[p] - ov
+        if in_plan:
             # begin: the request holding unit u0 (largest r with S_r <= u0)
             a = Int32(0)
             z = batch
@@ -257,6 +332,8 @@ def fake_args(config: SchedulerConfig):
         fake.tensor(i32, (fake.sym(),), (1,), 4),
         fake.tensor(i32, (fake.sym(), SCHED_FIELDS), (SCHED_FIELDS, 1), 16),
         fake.tensor(i32, (fake.sym(),), (1,), 4),
+        i32(0),
+        i32(0),
         fake.stream(),
     )
 
@@ -264,6 +341,17 @@ def fake_args(config: SchedulerConfig):
 def compile(config: SchedulerConfig = SchedulerConfig(), *, arch: str | None = None, keep_sass: bool = False):
     """The compiled scheduler for ``config`` (cached in memory and on disk: ``jit_cache``)."""
     return jit_cache.compile_kernel(NAME, config, DecodeSchedulerKernel, fake_args, arch=arch, keep_sass=keep_sass)
+
+
+def whole_requests_host(total: int, c_max: int, batch: int, num_parts: int, split_units: int, stream_parts: int) -> bool:
+    """``DecodeSchedulerKernel.whole_requests`` on the host: part p takes request p whole."""
+    if split_units <= 0 or batch > num_parts:
+        return False
+    s = min(num_parts, stream_parts) if stream_parts > 0 else num_parts
+    w = max(-(-total // num_parts), 1)
+    n_s = batch + -(-total // w) - 1
+    t_split = max(w, -(-(total + n_s * split_units) // s)) + SPLIT_FIXED_UNITS
+    return max(c_max, -(-total // s)) <= t_split
 
 
 def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):
@@ -276,6 +364,11 @@ def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = Sch
         pre.append(pre[-1] + n + ov)
     total = pre[-1]
     width = max((total + num_parts - 1) // num_parts, 1)
+    c_max = max(n + ov for n in n_blocks)
+    if whole_requests_host(total, c_max, len(lens), num_parts, cfg.split_units, cfg.stream_parts):
+        rows = [[r, 0, r, n_blocks[r], 0, 0, 0, 0] for r in range(len(lens))]
+        rows += [[len(lens), 0, 0, 0, 0, 0, 0, 0]] * (num_parts - len(lens))
+        return rows[:num_parts], list(range(len(lens) + 1))
     offsets = [0]
     for r, n in enumerate(n_blocks):
         first = pre[r] + ov

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import cutlass
 
 from snapmla_cute.format import CONTENT_DIM, FP8_MAX
+from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
 
@@ -52,6 +53,10 @@ INV_FP8_MAX = 1.0 / FP8_MAX
 EPI_ROWS = 8
 EPI_ROW_BYTES = 128
 EPI_BYTES = EPI_ROWS * EPI_ROW_BYTES
+# the whole-request plan's constants (``DecodeConfig.scheduler``), fitted on the H100: a
+# 64-row split's partial traffic in KV blocks, and the CTAs that stream at full rate
+SPLIT_UNITS_PER_TILE = 6
+STREAM_PARTS = 105
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,9 @@ class DecodeConfig:
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
     p_stsm: bool = True
+    # plan whole requests per part where splitting would not pay (``decode_scheduler``'s
+    # rule, with ``scheduler``'s constants); False: always the split-everywhere plan
+    whole_plans: bool = True
     # ---- profiling (wrong results or extra writes; never set by the library)
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
     # "softmax", "store" (timing variants that leave one stage out)
@@ -126,6 +134,18 @@ class DecodeConfig:
     @property
     def m_tiles(self) -> int:
         return (self.rows + L.M_TILE - 1) // L.M_TILE
+
+    @property
+    def scheduler(self) -> SchedulerConfig:
+        """The plan's constants for this shape: one split's fp32 partial (``rows`` of one
+        query tile, 2 KB each, written and read back) is about 6 KV blocks per 64 rows; the
+        dense decode of the H100 streams at full rate on up to STREAM_PARTS CTAs, the sparse
+        gather (slower per CTA) on all of them."""
+        if not self.whole_plans:
+            return SchedulerConfig()
+        rows = min(self.rows, L.M_TILE)
+        return SchedulerConfig(split_units=-(-SPLIT_UNITS_PER_TILE * rows // L.M_TILE),
+                               stream_parts=0 if self.sparse else STREAM_PARTS)
 
     @property
     def box_rows(self) -> int:

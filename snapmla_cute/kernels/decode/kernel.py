@@ -48,7 +48,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         self.cfg = cfg
         self.roles = roles.layout(cfg.transposer)
         self.threads = self.roles.threads
-        self.planner = DecodeSchedulerKernel()
+        self.planner = DecodeSchedulerKernel(cfg.scheduler)
         self.n_sub = L.BLOCK_N // cfg.box_rows
         self.n_scale = L.BLOCK_N // cfg.scale_box  # scale slots per block
         self.scale_stride = max(cfg.scale_box, 32)  # floats between slots of scales

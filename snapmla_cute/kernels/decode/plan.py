@@ -114,21 +114,30 @@ class Planner:
         s_split = cute.make_tensor(words + (MAX_BATCH + 1), cute.make_layout((MAX_BATCH + 1,)))
         total = Int32(0)
         width = Int32(1)
+        rule = cutlass.const_expr(self.planner.cfg.split_units > 0)
+        whole = Int32(0) if rule else None  # None: the whole-request rule compiled out
         if batch <= 32:
             # one warp, one request per lane: both prefix sums by shuffles, no CTA barrier
             # (the lengths' load and the two CTA-wide scans, four barriers, took ~1.6 µs of each CTA's plan)
             if tidx < 32:
-                total, width = self.plan_warp(m_seqlens, s_pre, s_split, batch, num_parts, tidx)
+                total, width, w_warp = self.plan_warp(m_seqlens, s_pre, s_split, batch, num_parts, tidx)
+                if cutlass.const_expr(rule):
+                    whole = w_warp
         else:
             total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, self.threads)
             cute.arch.sync_threads()
             if tidx == 0:
                 self.tracer.stamp("lengths_read")
             width = self.planner.width_of(total, num_parts)
-            self.planner.split_prefix(s_pre, batch, width, s_split, s_scan, tidx, self.threads)
+            if cutlass.const_expr(rule):
+                if batch <= num_parts:  # every warp finds c_max itself: no barrier
+                    c_max = self.planner.max_units(s_pre, batch, tidx % 32)
+                    whole = self.whole_requests(total, c_max, batch, num_parts)
+            split_w = self.planner.split_width(total, width, whole)
+            self.planner.split_prefix(s_pre, batch, split_w, s_split, s_scan, tidx, self.threads)
         if tidx == 0:
             self.tracer.stamp("splits_counted")
-            b_req, b_blk, e_req, e_blk, split = self.planner.part_plan(s_pre, batch, total, width, part)
+            b_req, b_blk, e_req, e_blk, split = self.planner.part_plan(s_pre, batch, total, width, part, whole)
             self.tracer.stamp("part_planned")
             s_plan[0] = b_req
             s_plan[1] = b_blk
@@ -148,6 +157,9 @@ class Planner:
             # parts past the work (idle: p·width >= total) help merge split requests:
             # helper k takes request k mod b if it is split, as merger n_splits - 1 + k div b
             busy = (total + width - 1) // width
+            if cutlass.const_expr(rule):
+                if whole != 0:
+                    busy = batch
             helpers = cutlass.max(num_parts - busy, 0)
             s_plan[9] = helpers
             s_plan[10] = -1
@@ -176,10 +188,17 @@ class Planner:
         cute.arch.sync_threads()
 
     @cute.jit
+    def whole_requests(self, total, c_max, batch, num_parts):
+        """The scheduler's whole-request rule with this kernel's constants (``DecodeConfig.scheduler``)."""
+        c = self.planner.cfg
+        return self.planner.whole_requests(total, c_max, batch, num_parts, Int32(c.split_units), Int32(c.stream_parts))
+
+    @cute.jit
     def plan_warp(self, m_seqlens, s_pre, s_split, batch, num_parts, lane):
         """``plan``'s two prefix sums for batch ≤ 32 by warp 0 (lane r: request r), the same
         values as ``DecodeSchedulerKernel.unit_prefix`` / ``split_prefix``: returns (total
-        units, units per part); ``s_pre`` and ``s_split`` are visible to lane 0 after."""
+        units, units per part, whole requests: 0 with the rule compiled out); ``s_pre`` and
+        ``s_split`` are visible to lane 0 after."""
         ov = self.planner.cfg.fixed_overhead_blocks
         units = Int32(0)
         if lane < batch:
@@ -189,10 +208,15 @@ class Planner:
         if lane == 0:
             self.tracer.stamp("lengths_read")
         width = self.planner.width_of(total, num_parts)
+        whole = Int32(0)
+        split_w = width
+        if cutlass.const_expr(self.planner.cfg.split_units > 0):
+            whole = self.whole_requests(total, cute.arch.warp_redux_sync(units, "max"), batch, num_parts)
+            split_w = self.planner.split_width(total, width, whole)
         splits = Int32(0)
         if lane < batch:
             s_pre[lane] = incl - units
-            splits = self.planner.splits_of(incl - units, incl, width)  # S_r, S_r+1 on registers
+            splits = self.planner.splits_of(incl - units, incl, split_w)  # S_r, S_r+1 on registers
         if lane == 0:
             s_pre[batch] = total
         incl2 = self.planner.warp_inclusive_scan(splits, lane)
@@ -202,4 +226,4 @@ class Planner:
         if lane == 0:
             s_split[batch] = total2
         cute.arch.sync_warp()
-        return total, width
+        return total, width, whole
