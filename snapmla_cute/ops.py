@@ -226,6 +226,7 @@ class DecodeMetadata:
     def __init__(self, batch: int, s_q: int, heads: int, num_parts: int, device):
         rows = s_q * heads
         self.batch, self.s_q, self.heads, self.num_parts = batch, s_q, heads, num_parts
+        self.cluster = 1  # parts per cluster of the launch (``decode_metadata`` may choose 2)
         self.sched = torch.zeros(num_parts, 8, dtype=torch.int32, device=device)
         self.split_offsets = torch.zeros(batch + 1, dtype=torch.int32, device=device)
         max_splits = batch + num_parts  # each part boundary adds at most one split
@@ -256,6 +257,7 @@ class DecodeMetadata:
                             max_parts=_merge_max_splits())
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.num_parts = batch, s_q, heads, sched.shape[0]
+        md.cluster = 1  # the custom op's metadata: plain launches
         md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
         md.counters = counters
         md.q_nope = md.q_rope = md.q_scale = None
@@ -285,13 +287,14 @@ def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def plan_config(s_q: int, heads: int, *, sparse: bool = False) -> "_scheduler.SchedulerConfig":
+def plan_config(s_q: int, heads: int, *, sparse: bool = False, cluster: int = 1) -> "_scheduler.SchedulerConfig":
     """The split-KV plan's constants of a decode shape (``DecodeConfig.scheduler`` under
-    ``DECODE_TUNING``): ``decode_scheduler.schedule_reference(lengths, parts, plan_config(...))``
-    is the plan the decode kernel runs."""
+    ``DECODE_TUNING``; ``cluster``: the launch's parts per cluster, ``metadata.cluster``):
+    ``decode_scheduler.schedule_reference(lengths, parts, plan_config(...))`` is the plan the
+    decode kernel runs."""
     from snapmla_cute.kernels.decode.config import DecodeConfig
 
-    tuning = {k: v for k, v in DECODE_TUNING.items() if k == "whole_plans"}
+    tuning = {"cluster": cluster, **{k: v for k, v in DECODE_TUNING.items() if k in ("whole_plans", "cluster")}}
     return DecodeConfig(heads=heads, s_q=1 if sparse else s_q, page_size=1 if sparse else 64, causal=False,
                         sparse=sparse, **tuning).scheduler
 
@@ -341,8 +344,27 @@ def decode_metadata(
         # the decode launch is cooperative (split requests merge in-kernel): one wave at most
         raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
     md = DecodeMetadata(cache_seqlens.shape[0], s_q, heads, num_parts, cache_seqlens.device)
+    if not torch.cuda.is_current_stream_capturing():  # reads the lengths (one sync); captured: plain launches
+        md.cluster = default_cluster(cache_seqlens.tolist(), num_parts, plan_config(s_q, heads, cluster=2))
     md.update(cache_seqlens)
     return md
+
+
+def default_cluster(lengths, num_parts: int, cfg) -> int:
+    """Parts per cluster for a decode launch: 2 where the plan's rule, at these lengths (a
+    graph replays the launch with others; the kernel re-plans each call and may then take
+    the split or whole-request plan in the same clusters), takes the cluster plan: each
+    request's halves on the two CTAs of a cluster, merged through distributed shared memory.
+    Clusters of 4 and 8 are correct but gained at most 3% on the H100 and do not all fit one
+    wave at 128 parts (``profiles/NOTES.md``)."""
+    if num_parts % 2 or "cluster" in DECODE_TUNING or not len(lengths):
+        return 1
+    lens = [_scheduler.clamp_len_host(x) for x in lengths]
+    ov = cfg.fixed_overhead_blocks
+    units = [(L + cfg.block_n - 1) // cfg.block_n + ov for L in lens]
+    plan = _scheduler.whole_requests_host(sum(units), max(units), len(units), num_parts, cfg.split_units,
+                                          cfg.stream_parts, 2, ov)
+    return 2 if plan == _scheduler.PLAN_CLUSTER else 1
 
 
 class _Tuning(dict):
@@ -390,14 +412,15 @@ class _Tuning(dict):
         return self
 
 
-_hot_steps: dict = {}  # (heads, s_q, page_size, causal, bf16 q, visible) -> compiled decode step
+_hot_steps: dict = {}  # (heads, s_q, page_size, causal, bf16 q, visible, cluster) -> compiled decode step
 _hot_sparse: dict = {}  # (heads, s_q, bf16 q) -> compiled sparse step (``sparse.mla_decode_sparse``)
 DECODE_TUNING = _Tuning()
 _LOG2E = 1.4426950408889634
 _DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
 
 
-def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False, visible: bool = False):
+def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False, visible: bool = False,
+                   cluster: int = 1):
     """The compiled step (``decode_step``, or ``decode_step_q`` which quantizes a bf16 query
     first; ``visible``: causal by given visible-key counts, quantized query only), registered
     for the hot path."""
@@ -410,13 +433,12 @@ def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: b
         from snapmla_cute.kernels.decode.step import DecodeStepConfig
 
         extra = {"visible": True} if visible else {}
-        return DecodeStepConfig(
-            DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **extra, **DECODE_TUNING)
-        )
+        kw = {"cluster": cluster, **DECODE_TUNING}
+        return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **extra, **kw))
 
     step = decode_compile.compile_step_q if bf16_q else decode_compile.compile_step
-    fn = _launcher(step, (heads, s_q, page_size, causal, tuning) + (("visible",) if visible else ()), make)
-    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible)] = fn
+    fn = _launcher(step, (heads, s_q, page_size, causal, tuning, cluster) + (("visible",) if visible else ()), make)
+    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible, cluster)] = fn
     return fn
 
 
@@ -463,7 +485,8 @@ def mla_decode(
     if not check and metadata is not None and out is not None and lse is not None:
         try:
             bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
-            fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None)]
+            fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None,
+                             1 if visible is not None else metadata.cluster)]
         except (KeyError, AttributeError, TypeError):
             fn = None  # first call of this shape, or bad arguments: the full path below
         if fn is not None:
@@ -655,7 +678,8 @@ def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     call with it)."""
     bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
     _, s_q, h, _ = args[0].shape
-    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None), args
+    cluster = 1 if visible is not None else metadata.cluster  # the context-parallel step: plain launches
+    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster), args
 
 
 def warmup(

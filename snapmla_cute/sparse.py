@@ -36,7 +36,9 @@ from snapmla_cute.ops import (
     _query_values,
     _validate_outputs,
     _validate_query,
+    default_cluster,
     default_num_parts,
+    plan_config,
 )
 
 SPARSE_HEADS = (8, 16, 32, 64, 128)
@@ -53,6 +55,7 @@ class SparseDecodeMetadata:
         n = batch * s_q
         m_tiles = (heads + 63) // 64
         self.batch, self.s_q, self.heads, self.topk, self.num_parts = batch, s_q, heads, topk, num_parts
+        self.cluster = 1  # parts per cluster of the launch (``sparse_decode_metadata`` may choose 2)
         self.sched = torch.zeros(num_parts, 8, dtype=torch.int32, device=device)
         self.split_offsets = torch.zeros(n + 1, dtype=torch.int32, device=device)
         max_splits = n + num_parts
@@ -90,6 +93,7 @@ class SparseDecodeMetadata:
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.topk = batch, s_q, heads, topk
         md.num_parts = sched.shape[0]
+        md.cluster = 1  # the custom op's metadata: plain launches
         md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
         md.counters, md.full_lengths, md.q_args = counters, full_lengths, None
         md._set_step_args()
@@ -118,10 +122,12 @@ def sparse_decode_metadata(
         num_parts = default_num_parts(batch * s_q, m_tiles, slots * m_tiles)
     elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
         raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
-    return SparseDecodeMetadata(batch, s_q, heads, topk, num_parts, device)
+    md = SparseDecodeMetadata(batch, s_q, heads, topk, num_parts, device)
+    md.cluster = default_cluster([topk] * (batch * s_q), num_parts, plan_config(1, heads, sparse=True, cluster=2))
+    return md
 
 
-def _sparse_launcher(heads: int, s_q: int, bf16_q: bool):
+def _sparse_launcher(heads: int, s_q: int, bf16_q: bool, cluster: int = 1):
     from snapmla_cute.kernels.decode import compile as decode_compile
 
     tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
@@ -130,12 +136,13 @@ def _sparse_launcher(heads: int, s_q: int, bf16_q: bool):
         from snapmla_cute.kernels.decode import DecodeConfig
         from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig
 
-        cfg = DecodeConfig(heads=heads, s_q=1, page_size=1, causal=False, sparse=True, **DECODE_TUNING)
+        cfg = DecodeConfig(heads=heads, s_q=1, page_size=1, causal=False, sparse=True,
+                           **{"cluster": cluster, **DECODE_TUNING})
         return DecodeSparseStepConfig(cfg, s_q)
 
     step = decode_compile.compile_sparse_q if bf16_q else decode_compile.compile_sparse
-    fn = _launcher(step, ("sparse", heads, s_q, tuning), make)
-    _hot_sparse[(heads, s_q, bf16_q)] = fn
+    fn = _launcher(step, ("sparse", heads, s_q, tuning, cluster), make)
+    _hot_sparse[(heads, s_q, bf16_q, cluster)] = fn
     return fn
 
 
@@ -181,7 +188,7 @@ def mla_decode_sparse(
         try:
             lengths = metadata.full_lengths if topk_length is None else topk_length
             bf16_q, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
-            fn = _hot_sparse[(metadata.heads, metadata.s_q, bf16_q)]
+            fn = _hot_sparse[(metadata.heads, metadata.s_q, bf16_q, metadata.cluster)]
             if topk_length is None and metadata.topk != indices.shape[-1]:
                 fn = None  # the metadata's full lengths are another topk's: the checks below say so
         except (KeyError, AttributeError, TypeError, IndexError):
@@ -216,7 +223,7 @@ def mla_decode_sparse(
     if lse is None:
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     _, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
-    _sparse_launcher(h, s_q, bf16_q)(*args)
+    _sparse_launcher(h, s_q, bf16_q, metadata.cluster)(*args)
     return out, lse
 
 

@@ -270,7 +270,8 @@ def test_unchecked_lengths_are_clamped(seed):
     mla_decode(quantize_q(c["q"]), c["cache"], c["block_table"], bad, metadata=guarded, out=out, lse=lse, check=False)
     torch.cuda.synchronize()
     assert torch.all(o_all[rows:] == 12345.0) and torch.all(l_all[rows:] == 12345.0)
-    assert md.split_offsets.cpu().tolist() == schedule_reference([0, 6400, 6400], parts, ops.plan_config(1, 64))[1]
+    assert md.split_offsets.cpu().tolist() == schedule_reference([0, 6400, 6400], parts,
+                                                                 ops.plan_config(1, 64, cluster=md.cluster))[1]
     assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
     (ox, lx), (oe, le) = references(c, False)
     assert ref.rel_l2(out[1:].float(), oe[1:].bfloat16().float()) <= EMU_REL
@@ -339,11 +340,12 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
     lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 3000), rng.randint(0, 9000)]) for _ in range(12)]
     c = build_case(len(lens), 1, h, 64, lens, seed=seed)
     md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
+    md.cluster = 1  # the merge through global memory (a cluster launch may take the cluster plan)
     md.sched.fill_(-7)
     md.split_offsets.fill_(-7)
     for _ in range(2):  # the second call checks the split counters came back to zero
         out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
-        sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, h))
+        sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, h, cluster=md.cluster))
         assert md.sched.cpu().tolist() == sched, lens
         assert md.split_offsets.cpu().tolist() == offsets, lens
         assert torch.all(md.counters == 0)
@@ -370,6 +372,7 @@ def test_whole_request_plan(seed, b, h, parts):
         ops.DECODE_TUNING.update(whole_plans=whole)
         try:
             md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
+            md.cluster = 1  # whole requests or splits, not the cluster plan
             sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, h))
             assert (offsets[-1] == b) == whole, offsets[-1]  # whole requests only with the rule
             md.sched.fill_(-7)
@@ -388,6 +391,56 @@ def test_whole_request_plan(seed, b, h, parts):
         assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
 
 
+@pytest.mark.parametrize("b, h, k, parts", [(60, 64, 2, 132), (20, 128, 2, 66), (28, 64, 4, 112), (12, 128, 4, 56),
+                                           (6, 16, 8, 64)])
+def test_cluster_plan(seed, b, h, k, parts):
+    """The cluster plan: request r's k portions on the k CTAs of cluster r, merged through
+    distributed shared memory. Empty, one-token and varied requests (portions with no
+    blocks among them), three calls with poisoned outputs; the plan the kernel ran is the
+    reference's, the outputs match the emulation and float64, the counters stay zero."""
+    from snapmla_cute import ops
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, whole_requests_host, schedule_reference
+
+    rng = random.Random(seed * 17 + b)
+    lens = [0, 1] + [rng.randint(1500, 2500) if i % 3 else rng.randint(1, 3000) for i in range(b - 3)]
+    lens += [rng.randint(2000, 3000)]
+    c = build_case(b, 1, h, 64, lens, seed=seed)
+    (ox, lx), (oe, le) = references(c, False)
+    ops.DECODE_TUNING.update(cluster=k)
+    try:
+        cfg = ops.plan_config(1, h)
+        units = [(L + 63) // 64 + 5 for L in lens]
+        if whole_requests_host(sum(units), max(units), b, parts, cfg.split_units, cfg.stream_parts, k) != PLAN_CLUSTER:
+            pytest.skip("the rule takes another plan for these lengths")
+        md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
+        sched, offsets = schedule_reference(lens, parts, cfg)
+        for _ in range(3):
+            out = torch.full((b, 1, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+            lse = torch.full((b, h, 1), float("nan"), device="cuda")
+            mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
+            assert md.sched.cpu().tolist() == sched, lens
+            assert md.split_offsets.cpu().tolist() == offsets == list(range(b + 1))
+            assert torch.all(md.counters == 0)
+            assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
+            assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
+            assert ref.rel_l2(out.float(), ox) <= 5e-2
+            assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
+    finally:
+        ops.DECODE_TUNING.clear()
+
+
+def test_default_metadata_takes_clusters_where_they_pay():
+    """b64 h64 s_k2048 (the cluster plan: 54.8 -> 44.9 µs on the H100) launches in clusters of
+    two; b32 h64 s_k8192 (split over every SM) and b128 h128 do not."""
+    lens = lambda b, L: torch.full((b,), L, dtype=torch.int32, device="cuda")  # noqa: E731
+    slots = torch.cuda.get_device_properties(0).multi_processor_count
+    if slots % 2:
+        pytest.skip("an odd SM count")
+    assert decode_metadata(lens(64, 2048), s_q=1, heads=64).cluster == 2
+    assert decode_metadata(lens(32, 8192), s_q=1, heads=64).cluster == 1
+    assert decode_metadata(lens(128, 2048), s_q=1, heads=128).cluster == 1
+
+
 MERGE_FEW = DecodeConfig(heads=8, s_q=1, page_size=64, causal=False).merge_few
 
 
@@ -400,6 +453,7 @@ def test_few_split_merge(seed, h, k):
     lens = [4096 - 64 * (i % 2) for i in range(b)]  # 64 or 63 blocks: some parts cut mid-request
     c = build_case(b, 1, h, 64, lens, seed=seed)
     md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=b * k)
+    md.cluster = 1  # the merge through global memory (a cluster launch would take the cluster plan)
     md.o_partial.fill_(float("nan"))
     md.lse_partial.fill_(float("nan"))
     out = torch.full((b, 1, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -439,7 +493,7 @@ def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
     md.sched.fill_(-7)
     md.split_offsets.fill_(-7)
     out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
-    sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, 16))
+    sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, 16, cluster=md.cluster))
     assert md.sched.cpu().tolist() == sched, lens
     assert md.split_offsets.cpu().tolist() == offsets, lens
     assert offsets[-1] > batch  # some request was split

@@ -59,11 +59,21 @@ class SchedulerConfig:
     # and read back (0: never whole requests; the standalone scheduler takes it as a scalar)
     split_units: int = 0
     stream_parts: int = 0  # parts streaming KV at full rate before HBM binds (0: every part)
+    # timing only (wrong results): parts 2r and 2r+1 take the two halves of request r as if
+    # whole, both writing its output unsplit (the ceiling of a pair merged on-chip)
+    pairs: bool = False
+    # parts per cluster: the cluster plan (cluster c takes request c, a k-th of its blocks
+    # per part, merged on-chip) is one of the rule's choices when k > 1
+    cluster: int = 1
 
 
 # a split's fixed cost beyond its partial's bytes (the drain before the count, the merge's
 # wait), in block units; with split_units and stream_parts fitted on the H100
 SPLIT_FIXED_UNITS = 6
+# the cluster merge's (through distributed shared memory), in block units
+CLUSTER_FIXED_UNITS = 1
+# ``whole_requests``' answers: the split plan, part p = request p, cluster c = request c
+PLAN_SPLIT, PLAN_WHOLE, PLAN_CLUSTER = 0, 1, 3
 
 
 MAX_BATCH = 8192  # the prefix sums live in shared memory
@@ -207,11 +217,11 @@ class DecodeSchedulerKernel:
             m = cutlass.max(m, s_pre[r + 1] - s_pre[r])
         return cute.arch.warp_redux_sync(m, "max")
 
-    @staticmethod
     @cute.jit
-    def whole_requests(total, c_max, batch, num_parts, split_units, stream_parts):
-        """1 if part p should take request p whole (the module's rule), else 0."""
-        res = Int32(0)
+    def whole_requests(self, total, c_max, batch, num_parts, split_units, stream_parts, cluster: cutlass.Constexpr = 1):
+        """``PLAN_WHOLE`` if part p should take request p whole, ``PLAN_CLUSTER`` if cluster c
+        (``cluster`` parts) should take request c, else ``PLAN_SPLIT`` (the module's rule)."""
+        res = Int32(PLAN_SPLIT)
         if split_units > 0 and batch <= num_parts:
             s = num_parts
             if stream_parts > 0:
@@ -220,8 +230,16 @@ class DecodeSchedulerKernel:
             n_s = batch + (total + w - 1) // w - 1
             t_split = cutlass.max(w, (total + n_s * split_units + s - 1) // s) + SPLIT_FIXED_UNITS
             t_whole = cutlass.max(c_max, (total + s - 1) // s)
+            best = t_split
             if t_whole <= t_split:
-                res = Int32(1)
+                res = Int32(PLAN_WHOLE)
+                best = t_whole
+            if cutlass.const_expr(cluster > 1):
+                if batch * cluster <= num_parts:
+                    ov = self.cfg.fixed_overhead_blocks
+                    t_cl = cutlass.max((c_max - ov + cluster - 1) // cluster + ov, (total + s - 1) // s)
+                    if t_cl + CLUSTER_FIXED_UNITS <= best:
+                        res = Int32(PLAN_CLUSTER)
         return res
 
     @staticmethod
@@ -256,6 +274,33 @@ class DecodeSchedulerKernel:
                     b_req = p
                     e_req = p
                     e_blk = s_pre[p + 1] - s_pre[p] - ov
+        if cutlass.const_expr(self.cfg.cluster > 1):
+            if whole == PLAN_CLUSTER:  # a k-th of request p // k
+                k = self.cfg.cluster
+                b_req = batch
+                e_req = Int32(0)
+                e_blk = Int32(0)
+                if p < k * batch:
+                    r = p // k
+                    n = s_pre[r + 1] - s_pre[r] - ov
+                    q = p % k
+                    b_req = r
+                    e_req = r
+                    b_blk = q * n // k
+                    e_blk = (q + 1) * n // k
+        if cutlass.const_expr(self.cfg.pairs):
+            if whole == 2:  # timing only (``SchedulerConfig.pairs``): half of request p // 2
+                b_req = batch
+                e_blk = Int32(0)
+                if p < 2 * batch:
+                    r = p // 2
+                    n = s_pre[r + 1] - s_pre[r] - ov
+                    b_req = r
+                    e_req = r
+                    e_blk = (n + 1) // 2
+                    if p % 2 == 1:
+                        b_blk = (n + 1) // 2
+                        e_blk = n
         if in_plan:
             # begin: the request holding unit u0 (largest r with S_r <= u0)
             a = Int32(0)
@@ -343,15 +388,23 @@ def compile(config: SchedulerConfig = SchedulerConfig(), *, arch: str | None = N
     return jit_cache.compile_kernel(NAME, config, DecodeSchedulerKernel, fake_args, arch=arch, keep_sass=keep_sass)
 
 
-def whole_requests_host(total: int, c_max: int, batch: int, num_parts: int, split_units: int, stream_parts: int) -> bool:
-    """``DecodeSchedulerKernel.whole_requests`` on the host: part p takes request p whole."""
+def whole_requests_host(total: int, c_max: int, batch: int, num_parts: int, split_units: int, stream_parts: int,
+                        cluster: int = 1, ov: int = 5) -> int:
+    """``DecodeSchedulerKernel.whole_requests`` on the host: ``PLAN_SPLIT``, ``PLAN_WHOLE`` or
+    ``PLAN_CLUSTER``."""
     if split_units <= 0 or batch > num_parts:
-        return False
+        return PLAN_SPLIT
     s = min(num_parts, stream_parts) if stream_parts > 0 else num_parts
     w = max(-(-total // num_parts), 1)
     n_s = batch + -(-total // w) - 1
     t_split = max(w, -(-(total + n_s * split_units) // s)) + SPLIT_FIXED_UNITS
-    return max(c_max, -(-total // s)) <= t_split
+    t_whole = max(c_max, -(-total // s))
+    res, best = (PLAN_WHOLE, t_whole) if t_whole <= t_split else (PLAN_SPLIT, t_split)
+    if cluster > 1 and batch * cluster <= num_parts:
+        t_cl = max(-(-(c_max - ov) // cluster) + ov, -(-total // s))
+        if t_cl + CLUSTER_FIXED_UNITS <= best:
+            res = PLAN_CLUSTER
+    return res
 
 
 def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):
@@ -365,9 +418,12 @@ def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = Sch
     total = pre[-1]
     width = max((total + num_parts - 1) // num_parts, 1)
     c_max = max(n + ov for n in n_blocks)
-    if whole_requests_host(total, c_max, len(lens), num_parts, cfg.split_units, cfg.stream_parts):
-        rows = [[r, 0, r, n_blocks[r], 0, 0, 0, 0] for r in range(len(lens))]
-        rows += [[len(lens), 0, 0, 0, 0, 0, 0, 0]] * (num_parts - len(lens))
+    plan = whole_requests_host(total, c_max, len(lens), num_parts, cfg.split_units, cfg.stream_parts, cfg.cluster, ov)
+    if plan != PLAN_SPLIT:
+        k = cfg.cluster if plan == PLAN_CLUSTER else 1
+        rows = [[r, q * n_blocks[r] // k, r, (q + 1) * n_blocks[r] // k, 0, 0, 0, 0]
+                for r in range(len(lens)) for q in range(k)]
+        rows += [[len(lens), 0, 0, 0, 0, 0, 0, 0]] * (num_parts - len(rows))
         return rows[:num_parts], list(range(len(lens) + 1))
     offsets = [0]
     for r, n in enumerate(n_blocks):

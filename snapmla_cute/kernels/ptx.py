@@ -85,3 +85,63 @@ def cp_async_arrive_noinc(mbar_addr: Int32, *, loc=None, ip=None):
         None, [Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
         "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r,~{memory}", loc, ip,
     )
+
+
+# ---- distributed shared memory (a cluster's CTAs), for the cluster merge
+
+
+@dsl_user_op
+def mapa(smem_addr: Int32, rank: Int32, *, loc=None, ip=None) -> Int32:
+    """``mapa.shared::cluster.u32``: the shared::cluster address of ``smem_addr`` (this
+    CTA's shared window) in the CTA of cluster rank ``rank``."""
+    res = _asm(
+        _T.i32(), [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
+        "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", loc, ip,
+    )
+    return Int32(res)
+
+
+@dsl_user_op
+def st_cluster_v4(cluster_addr: Int32, a, b, c, d, *, loc=None, ip=None):
+    """``st.shared::cluster.v4.f32``: 16 bytes into a cluster CTA's shared memory."""
+    from cutlass import Float32
+
+    _asm(
+        None,
+        [Int32(cluster_addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+        "st.shared::cluster.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f,~{memory}", loc, ip,
+    )
+
+
+@dsl_user_op
+def st_cluster_f32(cluster_addr: Int32, a, *, loc=None, ip=None):
+    """``st.shared::cluster.f32``."""
+    from cutlass import Float32
+
+    _asm(
+        None, [Int32(cluster_addr).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
+        "st.shared::cluster.f32 [$0], $1;", "r,f,~{memory}", loc, ip,
+    )
+
+
+@dsl_user_op
+def mbar_arrive_cluster(cluster_addr: Int32, *, loc=None, ip=None):
+    """``mbarrier.arrive.release.cluster.shared::cluster.b64``: one arrival on a cluster
+    CTA's mbarrier, after (release, cluster scope) this thread's earlier writes."""
+    _asm(
+        None, [Int32(cluster_addr).ir_value(loc=loc, ip=ip)],
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];", "r,~{memory}", loc, ip,
+    )
+
+
+@dsl_user_op
+def mbar_try_wait_cluster(smem_addr: Int32, phase: Int32, *, loc=None, ip=None) -> Int32:
+    """``mbarrier.try_wait.parity.acquire.cluster``: 1 once this CTA's mbarrier completed
+    phase ``phase`` (the writes released before its arrivals, from any cluster CTA, are
+    then visible), else 0 after the hardware's wait slice."""
+    res = _asm(
+        _T.i32(), [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int32(phase).ir_value(loc=loc, ip=ip)],
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }",
+        "=r,r,r,~{memory}", loc, ip,
+    )
+    return Int32(res)

@@ -57,6 +57,9 @@ EPI_BYTES = EPI_ROWS * EPI_ROW_BYTES
 # 64-row split's partial traffic in KV blocks, and the CTAs that stream at full rate
 SPLIT_UNITS_PER_TILE = 6
 STREAM_PARTS = 105
+# the cluster merge's receive buffer in the (idle) KV stages: the peers' rows of o at 0
+# ((k-1) x 128/k KB), their LSEs at CLUSTER_LSE_OFFSET, (k-1, 64) floats
+CLUSTER_LSE_OFFSET = 112 * 1024
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class DecodeConfig:
     # not their indices (``snapmla_cute.distributed``). Each count is clamped to
     # [seqlen - s_q + 1 + t, seqlen], the window the causal mask code assumes. Needs causal.
     visible: bool = False
+    # CTAs per cluster along the parts (1, 2, 4 or 8; the part count a multiple of it): where
+    # the plan gives cluster c request c (``decode_scheduler``'s rule), its CTAs take a
+    # k-th of its blocks each and merge through distributed shared memory (``cluster_epilogue``)
+    cluster: int = 1
     # ---- schedule (the defaults ship; the other values are tested or profiled)
     kv_stages: int = 4
     # PV temporaries: with 2 a GEMM is issued before the previous one is added
@@ -121,6 +128,9 @@ class DecodeConfig:
     # acquisitions and of the transposer, just before the ``trace`` rows
     # (``trace.LOOP_EVENTS``; ``profiles/experiments/trace_loop.py``)
     trace_loop: bool = False
+    # timing only: the two halves of each request on parts 2r, 2r+1, written unsplit
+    # (``SchedulerConfig.pairs``)
+    pairs: bool = False
 
     @property
     def pv_n(self) -> int:
@@ -145,7 +155,8 @@ class DecodeConfig:
             return SchedulerConfig()
         rows = min(self.rows, L.M_TILE)
         return SchedulerConfig(split_units=-(-SPLIT_UNITS_PER_TILE * rows // L.M_TILE),
-                               stream_parts=0 if self.sparse else STREAM_PARTS)
+                               stream_parts=0 if self.sparse else STREAM_PARTS, pairs=self.pairs,
+                               cluster=self.cluster)
 
     @property
     def box_rows(self) -> int:

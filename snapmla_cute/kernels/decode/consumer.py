@@ -187,10 +187,17 @@ class Consumer:
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("pv_done", wg)
             first, n_splits, split = work.split_rows(r, req)
-            self.epilogue(
-                io, mmas.pv_rs, tiles.acc_o_mn, (softmax.row_max, softmax.sigma_p, softmax.row_sum),
-                m_tile, req, first + split, n_splits, n > 0, wg, wg_tidx, kv_addr,
-            )
+            state = (softmax.row_max, softmax.sigma_p, softmax.row_sum)
+            if cutlass.const_expr(cfg.cluster > 1):
+                if work.clustered():
+                    self.cluster_epilogue(io, mmas.pv_rs, tiles.acc_o_mn, state, m_tile, req, n > 0, wg, wg_tidx,
+                                          kv_addr, smem.cl_mbar_addr())
+                else:
+                    self.epilogue(io, mmas.pv_rs, tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0,
+                                  wg, wg_tidx, kv_addr)
+            else:
+                self.epilogue(io, mmas.pv_rs, tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0, wg,
+                              wg_tidx, kv_addr)
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("epilogue_done", wg)
             if n_splits > 1:

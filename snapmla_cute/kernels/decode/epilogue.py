@@ -12,10 +12,14 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32
+from cutlass import BFloat16, Float32, Int32
 
 from snapmla_cute.kernels import ptx
-from snapmla_cute.kernels.decode.config import EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, PV_SPLITS
+import cutlass.pipeline as pipeline
+
+from snapmla_cute.kernels.decode.config import (
+    CLUSTER_LSE_OFFSET, EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS,
+)
 from snapmla_cute.layouts import mma as M
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
@@ -78,9 +82,142 @@ class Epilogue:
             self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
 
     @cute.jit
-    def store_tile(self, acc_o_mn, c_o_mn, inv, m_dst, idx, dtype: cutlass.Constexpr, m_tile, wg, wg_tidx, buf):
+    def cluster_epilogue(self, io, pv_mma_rs, acc_o_mn, state, m_tile, req, any_blocks, wg, wg_tidx, kv_addr,
+                         mbar_addr):
+        """The cluster plan's end: this CTA (rank q of k) holds o/ℓ and the LSE of a k-th of
+        the request's blocks. Rank d owns rows [64d/k, 64(d+1)/k): every CTA sends the rows
+        it does not own to their owners' idle KV stages (distributed shared memory, each
+        thread its own accumulator values, so sender and receiver share one layout), then
+        merges the rows it owns (lse = log Σ exp(lse_q), o = Σ exp(lse_q - lse)·o_q) and
+        writes them as bf16. Two mbarriers order it: ``free`` (the peers' stages are idle,
+        one arrival per peer) and ``data`` (every sending thread's rows have arrived)."""
+        cfg = self.cfg
+        k = cfg.cluster
+        row_max, sigma_p, row_sum = state
+        wg_tidx = ptx.launder(wg_tidx, req)
+        c_o = pv_mma_rs.get_slice(wg_tidx).partition_C(cute.make_identity_tensor((L.M_TILE, cfg.pv_n)))
+        c_o_mn = cute.make_tensor(c_o.iterator, M.acc_mn_layout(pv_mma_rs, c_o.layout))
+        rows_per_thr = cute.size(c_o_mn, mode=[0])
+        vals = cute.size(c_o_mn, mode=[1])  # per row and PV split
+        vecs = PV_SPLITS * vals // 4  # 16-byte vectors per row
+        rows_per_rank = L.M_TILE // k
+        blocks8 = rows_per_rank // 8  # 8-row slabs a rank owns
+        # the peers as a loop ptxas keeps (a one-trip loop unrolled for k = 2 let it hoist all
+        # of a peer's 16 loads above the scaling, and spill)
+        peers = ptx.launder(Int32(k - 1), req)
+        inv = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        lse = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        for i in cutlass.range_constexpr(rows_per_thr):
+            ell = row_sum[i]
+            if not any_blocks:
+                ell = 0.0
+            inv[i] = Float32(0.0)
+            lse[i] = -Float32.inf
+            if ell > 0.0:
+                inv[i] = Float32(1.0) / ell
+                lse[i] = (row_max[i] + cute.math.log2(sigma_p[i] * ell, fastmath=False)) * Float32(LN2)
+        # laundered like wg_tidx: values hoisted above the block loop were spilled there
+        rank = ptx.launder(cute.arch.block_idx_in_cluster(), req)
+        mbar_addr = ptx.launder(mbar_addr, req)
+        lane = wg_tidx % 32
+        ctid = wg * roles.THREADS_PER_WG + wg_tidx
+        free_bar = mbar_addr
+        data_bar = mbar_addr + 8
+        # both WGs are past their last PV: this CTA's stages are idle; tell every peer
+        pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
+        pair.arrive_and_wait()
+        cute.arch.cluster_wait()  # every CTA's mbarriers initialized (arrived at kernel start)
+        if ctid < k:
+            if ctid != rank:
+                ptx.mbar_arrive_cluster(ptx.mapa(free_bar, ctid))
+        self.cluster_wait_bar(free_bar)
+        # send the rows other ranks own: slot = my index among the owner's peers
+        for i in cutlass.range_constexpr(rows_per_thr):
+            row = c_o_mn[i, 0][0]
+            owner = row // rows_per_rank
+            if owner != rank:
+                slot = rank
+                if rank > owner:
+                    slot = rank - 1
+                pidx = row // 8 - owner * blocks8
+                base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
+                rbase = ptx.mapa(base, owner)
+                for v in cutlass.range_constexpr(vecs):
+                    h = 4 * v // vals
+                    j = 4 * v % vals
+                    ptx.st_cluster_v4(
+                        rbase + v * 512, acc_o_mn[h][i, j] * inv[i], acc_o_mn[h][i, j + 1] * inv[i],
+                        acc_o_mn[h][i, j + 2] * inv[i], acc_o_mn[h][i, j + 3] * inv[i],
+                    )
+                if wg == 0 and lane % 4 == 0:
+                    ptx.st_cluster_f32(ptx.mapa(kv_addr + CLUSTER_LSE_OFFSET + (slot * L.M_TILE + row) * 4, owner),
+                                       lse[i])
+                ptx.mbar_arrive_cluster(ptx.mapa(data_bar, owner))
+        self.cluster_wait_bar(data_bar)
+        # merge the rows this rank owns, in the accumulator's registers
+        recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
+                                cute.make_layout((CLUSTER_LSE_OFFSET // 4 + (k - 1) * L.M_TILE,)))
+        one = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        for i in cutlass.range_constexpr(rows_per_thr):
+            row = c_o_mn[i, 0][0]
+            one[i] = Float32(0.0)
+            if row // rows_per_rank == rank:
+                one[i] = Float32(1.0)
+                pidx = row // 8 - rank * blocks8
+                m = lse[i]
+                for q in cutlass.range(peers, unroll=1):
+                    m = cutlass.max(m, recv[CLUSTER_LSE_OFFSET // 4 + q * L.M_TILE + row])
+                total = Float32(0.0)
+                if m > -Float32.inf:
+                    total = cute.math.exp2((lse[i] - m) * Float32(1.0 / LN2), fastmath=False)
+                    for q in cutlass.range(peers, unroll=1):
+                        total += cute.math.exp2(
+                            (recv[CLUSTER_LSE_OFFSET // 4 + q * L.M_TILE + row] - m) * Float32(1.0 / LN2), fastmath=False)
+                lse_tot = -Float32.inf
+                if total > 0.0:
+                    lse_tot = m + cute.math.log2(total, fastmath=False) * Float32(LN2)
+                w_self = Float32(0.0)
+                if lse[i] > -Float32.inf:
+                    w_self = cute.math.exp2((lse[i] - lse_tot) * Float32(1.0 / LN2), fastmath=False)
+                f_self = w_self * inv[i]
+                for h in cutlass.range_constexpr(PV_SPLITS):
+                    for j in cutlass.range_constexpr(vals):
+                        acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * f_self
+                for q in cutlass.range(peers, unroll=1):
+                    lq = recv[CLUSTER_LSE_OFFSET // 4 + q * L.M_TILE + row]
+                    w_q = Float32(0.0)
+                    if lq > -Float32.inf:
+                        w_q = cute.math.exp2((lq - lse_tot) * Float32(1.0 / LN2), fastmath=False)
+                    base = (((q * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16) // 4
+                    for v in cutlass.range_constexpr(vecs):
+                        x = cute.make_rmem_tensor((4,), Float32)
+                        cute.autovec_copy(cute.local_tile(recv, (4,), ((base + v * 128) // 4,)), x)
+                        h = 4 * v // vals
+                        j = 4 * v % vals
+                        for e in cutlass.range_constexpr(4):
+                            acc_o_mn[h][i, j + e] = acc_o_mn[h][i, j + e] + w_q * x[e]
+                grow = m_tile * L.M_TILE + row
+                if grow < cfg.rows and wg == 0 and lane % 4 == 0:
+                    io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
+        warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
+        buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES
+        self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
+
+    @cute.jit
+    def cluster_wait_bar(self, bar):
+        """Wait for phase 0 of this CTA's mbarrier ``bar`` (cluster-scope acquire); bounded as
+        the merge's wait: a count that never completes fails the launch instead of hanging."""
+        t0 = cute.arch.globaltimer()
+        while ptx.mbar_try_wait_cluster(bar, Int32(0)) == 0:
+            if cute.arch.globaltimer() - t0 > MERGE_WAIT_LIMIT_NS:
+                ptx.trap()
+
+    @cute.jit
+    def store_tile(self, acc_o_mn, c_o_mn, inv, m_dst, idx, dtype: cutlass.Constexpr, m_tile, wg, wg_tidx, buf,
+                   owner_rank=None):
         """o·inv (per row) as ``dtype`` into ``m_dst[row, wg's columns, idx]`` through a
-        1 KB shared buffer per warp (8 rows x 128 bytes): a warp's accumulator holds 16
+        1 KB shared buffer per warp (8 rows x 128 bytes; ``owner_rank``: only the rows that
+        cluster rank owns): a warp's accumulator holds 16
         rows, 8 per pass (lane // 4, plus 8 in the second). Pairs of columns go to shared
         memory (16-byte units XOR-swizzled by row: no bank conflicts either way) and leave
         as 16-byte stores covering whole 128-byte lines. Stored straight from the
@@ -119,8 +256,16 @@ class Epilogue:
                         u = item % units
                         v = cute.make_rmem_tensor((per_unit,), dtype)
                         cute.autovec_copy(cute.local_tile(s_buf[lr, None], (per_unit,), (u ^ lr,)), v)
-                        if row0 + lr < cfg.rows and not cutlass.const_expr("store" in cfg.skip):
-                            cute.autovec_copy(
-                                v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
-                            )
+                        if cutlass.const_expr(owner_rank is None):
+                            if row0 + lr < cfg.rows and not cutlass.const_expr("store" in cfg.skip):
+                                cute.autovec_copy(
+                                    v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
+                                )
+                        else:
+                            # the cluster merge: only the rows this rank owns (a pass's 8 rows share one owner)
+                            if (row0 + lr < cfg.rows and (row0 % L.M_TILE) // (L.M_TILE // cfg.cluster) == owner_rank
+                                    and not cutlass.const_expr("store" in cfg.skip)):
+                                cute.autovec_copy(
+                                    v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
+                                )
                     cute.arch.sync_warp()

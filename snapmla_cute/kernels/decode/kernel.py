@@ -143,6 +143,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         ).launch(
             grid=[cfg.m_tiles, num_parts, 1],
             block=[self.threads, 1, 1],
+            **({"cluster": [1, cfg.cluster, 1]} if cfg.cluster > 1 else {}),
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,  # fixes the register pool so ptxas honours setmaxnreg
@@ -233,12 +234,21 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         )
         if cutlass.const_expr(cfg.transposer):
             handshake.init(tidx)
+        if cutlass.const_expr(cfg.cluster > 1):
+            if tidx == 0:
+                k = cfg.cluster
+                cute.arch.mbarrier_init(storage.cl_mbar.data_ptr(), k - 1)  # each peer's stages free
+                cute.arch.mbarrier_init(storage.cl_mbar.data_ptr() + 1, (k - 1) * 8 * L.M_TILE // k)  # peers' (thread, row)s: 8 threads a row
         cute.arch.mbarrier_init_fence()
         if tidx == 0:
             # the epilogue derives storage.epi's address from kv's (one register less)
             if storage.epi.data_ptr().toint() != storage.kv.data_ptr().toint() + self.kv_smem_bytes:
                 ptx.trap()
         cute.arch.sync_threads()
+        if cutlass.const_expr(cfg.cluster > 1):
+            # every CTA's barriers are initialized before a peer's first remote arrival: the
+            # consumers wait on this (``cluster_epilogue``); the other roles never do
+            cute.arch.cluster_arrive_relaxed()
         cute.arch.griddepcontrol_wait()  # the previous grid's writes (lengths, KV, Q, counters)
         # this part's plan, computed here from the lengths (no scheduler launch); the KV
         # stages are its scratch until the producer starts

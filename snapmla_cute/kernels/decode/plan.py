@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, clamp_len
+from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, PLAN_CLUSTER, clamp_len
 from snapmla_cute.layouts import smem as L
 
 
@@ -91,6 +91,10 @@ class PartWork:
         """The split request this idle part helps merge, or -1."""
         return self.s_plan[10]
 
+    def clustered(self):
+        """The cluster plan: this part holds a k-th of one request, merged on-chip."""
+        return self.s_plan[15] == PLAN_CLUSTER
+
     def helper_share(self):
         """(request, its first split row, this part's merger index, its splits, its mergers)
         of the idle part's merge share."""
@@ -144,6 +148,8 @@ class Planner:
             s_plan[2] = e_req
             s_plan[3] = e_blk
             s_plan[4] = split
+            if cutlass.const_expr(self.cfg.cluster > 1):
+                s_plan[15] = whole  # PartWork.clustered
         cute.arch.sync_threads()
         if tidx == 0:
             b_req = s_plan[0]
@@ -160,6 +166,12 @@ class Planner:
             if cutlass.const_expr(rule):
                 if whole != 0:
                     busy = batch
+                if cutlass.const_expr(self.planner.cfg.cluster > 1):
+                    if whole == PLAN_CLUSTER:
+                        busy = batch * self.planner.cfg.cluster
+                if cutlass.const_expr(self.planner.cfg.pairs):
+                    if whole == 2:
+                        busy = 2 * batch
             helpers = cutlass.max(num_parts - busy, 0)
             s_plan[9] = helpers
             s_plan[10] = -1
@@ -191,7 +203,12 @@ class Planner:
     def whole_requests(self, total, c_max, batch, num_parts):
         """The scheduler's whole-request rule with this kernel's constants (``DecodeConfig.scheduler``)."""
         c = self.planner.cfg
-        return self.planner.whole_requests(total, c_max, batch, num_parts, Int32(c.split_units), Int32(c.stream_parts))
+        whole = self.planner.whole_requests(total, c_max, batch, num_parts, Int32(c.split_units), Int32(c.stream_parts),
+                                            c.cluster)
+        if cutlass.const_expr(c.pairs):
+            if 2 * batch <= num_parts:
+                whole = Int32(2)
+        return whole
 
     @cute.jit
     def plan_warp(self, m_seqlens, s_pre, s_split, batch, num_parts, lane):

@@ -29,6 +29,9 @@ def shared_storage(cfg, threads: int, scale_stride: int, n_scale: int, q_nope_sl
         qk_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: owner's QK done
         vt_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: Vᵀ written
         vt_valid: cute.struct.MemRange[Int32, stages]  # transposer: valid tokens of the block
+        if cfg.cluster > 1:
+            # the cluster merge: peers' stages free, peers' rows arrived (``cluster_epilogue``)
+            cl_mbar: cute.struct.MemRange[cutlass.Int64, 2]
         # (row, field, slot), a row's 4 fields contiguous (one 16-byte access)
         state: cute.struct.Align[cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE], 16]
         plan: cute.struct.MemRange[Int32, PLAN_WORDS]
@@ -82,6 +85,10 @@ class SmemTensors:
         state = storage.state.get_tensor(cute.make_layout((L.M_TILE, 4, 2), stride=(4, 1, 4 * L.M_TILE)))
         plan = storage.plan.get_tensor(cute.make_layout((PLAN_WORDS,)))
         return cls(storage, q_nope, q_rope, kv, kr, ks, p, vt, state, plan)
+
+    def cl_mbar_addr(self):
+        """The cluster merge's two mbarriers' shared address (free, then data: 8 bytes on)."""
+        return self.storage.cl_mbar.data_ptr().toint()
 
     def kv_addr(self):
         """The KV stages' shared address as an Int32 (the transposer's and the epilogue's
