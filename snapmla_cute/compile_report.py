@@ -71,9 +71,17 @@ def all_variants(full: bool = True) -> list[tuple]:
     # quantized or a bf16 query
     steps = ((dc.STEP_NAME, dc.compile_step), (dc.STEP_Q_NAME, dc.compile_step_q))
     out += [(name, fn, DecodeStepConfig(c)) for c in decode_variants(False)[:1] for name, fn in steps]
+    # the launches in clusters of two (decode_metadata's choice where the cluster plan pays)
+    from snapmla_cute.kernels.decode import DecodeConfig
+
+    out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(DecodeConfig(h, 1, 64, False, cluster=2))) for h in (64, 128)]
     # what mla_decode_sparse launches, at every head count (the call's s_q changes only views)
     out += [(dc.SPARSE_NAME, dc.compile_sparse, c) for c in sparse_variants()]
     out += [(dc.SPARSE_Q_NAME, dc.compile_sparse_q, sparse_variants()[-1])]
+    from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig
+
+    out += [(dc.SPARSE_NAME, dc.compile_sparse, DecodeSparseStepConfig(DecodeConfig(h, 1, 1, False, sparse=True, cluster=2), 1))
+            for h in (8, 64)]
     # the context-parallel decode: a shard's step (causal by visible-key counts) and the merge
     out += [(dc.STEP_NAME, dc.compile_step, c) for c in visible_variants()]
     from snapmla_cute.kernels import lse_merge
