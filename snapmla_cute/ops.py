@@ -345,19 +345,26 @@ def decode_metadata(
         raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
     md = DecodeMetadata(cache_seqlens.shape[0], s_q, heads, num_parts, cache_seqlens.device)
     if not torch.cuda.is_current_stream_capturing():  # reads the lengths (one sync); captured: plain launches
-        md.cluster = default_cluster(cache_seqlens.tolist(), num_parts, plan_config(s_q, heads, cluster=2))
+        md.cluster = default_cluster(cache_seqlens.tolist(), num_parts, plan_config(s_q, heads, cluster=2),
+                                     _num_sms(cache_seqlens.device))
     md.update(cache_seqlens)
     return md
 
 
-def default_cluster(lengths, num_parts: int, cfg) -> int:
+# devices whose one wave of 2-CTA clusters was measured to fit every part (the launch is
+# cooperative: a cluster that does not fit fails it). The H100 SXM and the H200 (132 SMs) take
+# 66 clusters of two but not 32 of four at 128 parts (28 do).
+CLUSTER_SM_COUNTS = (132,)
+
+
+def default_cluster(lengths, num_parts: int, cfg, num_sms: int = 132) -> int:
     """Parts per cluster for a decode launch: 2 where the plan's rule, at these lengths (a
     graph replays the launch with others; the kernel re-plans each call and may then take
     the split or whole-request plan in the same clusters), takes the cluster plan: each
     request's halves on the two CTAs of a cluster, merged through distributed shared memory.
     Clusters of 4 and 8 are correct but gained at most 3% on the H100 and do not all fit one
     wave at 128 parts (``profiles/NOTES.md``)."""
-    if num_parts % 2 or "cluster" in DECODE_TUNING or not len(lengths):
+    if num_parts % 2 or "cluster" in DECODE_TUNING or not len(lengths) or num_sms not in CLUSTER_SM_COUNTS:
         return 1
     lens = [_scheduler.clamp_len_host(x) for x in lengths]
     ov = cfg.fixed_overhead_blocks

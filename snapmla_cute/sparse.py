@@ -123,7 +123,8 @@ def sparse_decode_metadata(
     elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
         raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
     md = SparseDecodeMetadata(batch, s_q, heads, topk, num_parts, device)
-    md.cluster = default_cluster([topk] * (batch * s_q), num_parts, plan_config(1, heads, sparse=True, cluster=2))
+    md.cluster = default_cluster([topk] * (batch * s_q), num_parts, plan_config(1, heads, sparse=True, cluster=2),
+                                 _num_sms(device))
     return md
 
 

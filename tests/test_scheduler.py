@@ -9,7 +9,8 @@ from snapmla_cute.kernels.decode_scheduler import SchedulerConfig, schedule_refe
 
 # the plan's constants: the split-everywhere plan, and the decode's at 64 and at 8 rows
 # (whole-request plans where they pay)
-CONFIGS = [SchedulerConfig(), SchedulerConfig(split_units=6, stream_parts=105), SchedulerConfig(split_units=1)]
+CONFIGS = [SchedulerConfig(), SchedulerConfig(split_units=6, stream_parts=105), SchedulerConfig(split_units=1),
+           SchedulerConfig(split_units=6, stream_parts=105, cluster=2), SchedulerConfig(split_units=1, cluster=4)]
 
 
 def _coverage(lens, parts, cfg=SchedulerConfig()):
@@ -177,7 +178,7 @@ def test_whole_request_rule_picks_the_faster_plan(b, length, heads, sparse, part
     assert (offsets[-1] == b) == (whole_us < split_us), (offsets[-1], whole_us, split_us)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS[1:])
+@pytest.mark.parametrize("cfg", CONFIGS[1:3])
 def test_whole_plan_is_part_p_request_p(cfg):
     lens = [300 + r for r in range(90)] + [0, 1]
     sched, offsets = schedule_reference(lens, 132, cfg)
@@ -207,3 +208,41 @@ def test_plan_config_of_the_decode_shapes():
         assert ops.plan_config(1, 64) == SchedulerConfig()
     finally:
         ops.DECODE_TUNING.clear()
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_cluster_plan_gives_cluster_c_request_c(k):
+    """The cluster plan: parts kc..kc+k-1 take request c's blocks in k near-equal portions
+    (some empty for a request shorter than k blocks), one split per request, parts past k·b idle."""
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, whole_requests_host
+
+    cfg = SchedulerConfig(split_units=6, stream_parts=105, cluster=k)
+    lens = [0, 1, 130] + [2000 + 5 * r for r in range(100 // k - 3)]
+    parts = 132 - 132 % k
+    units = [(L + 63) // 64 + 5 for L in lens]
+    assert whole_requests_host(sum(units), max(units), len(lens), parts, 6, 105, k) == PLAN_CLUSTER
+    sched, offsets = schedule_reference(lens, parts, cfg)
+    assert offsets == list(range(len(lens) + 1))
+    for p, row in enumerate(sched):
+        if p < k * len(lens):
+            r, q = divmod(p, k)
+            n = (lens[r] + 63) // 64
+            assert row == [r, q * n // k, r, (q + 1) * n // k, 0, 0, 0, 0]
+        else:
+            assert row == [len(lens), 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_default_cluster():
+    """Clusters of two where the rule takes the cluster plan at the metadata's lengths, on
+    devices whose wave of pairs was measured to fit (132 SMs), with an even part count."""
+    from snapmla_cute.ops import default_cluster, plan_config
+
+    h64, h128 = plan_config(1, 64, cluster=2), plan_config(1, 128, cluster=2)
+    assert default_cluster([2048] * 64, 132, h64) == 2  # b64 h64 s_k2048: 54.8 -> 44.9 µs
+    assert default_cluster([4096] * 32, 66, h128) == 2
+    assert default_cluster([8192] * 32, 132, h64) == 1  # split over every SM is faster
+    assert default_cluster([2048] * 96, 132, h64) == 1  # whole requests (2·b > parts)
+    assert default_cluster([2048] * 64, 131, h64) == 1  # an odd part count
+    assert default_cluster([2048] * 64, 114, h64, num_sms=114) == 1  # not measured there
+    assert default_cluster([2048] * 64, 132, plan_config(1, 64, sparse=True, cluster=2)) == 2
+    assert default_cluster([], 132, h64) == 1
