@@ -266,7 +266,7 @@ class DecodeMetadata:
 
     def update(self, cache_seqlens: torch.Tensor) -> None:
         """Plans into ``sched`` / ``split_offsets`` as the decode kernel will (which re-plans
-        at every call and writes back the plan it ran)."""
+        at every call and writes back the plan it ran; the cluster plan is the kernel's only)."""
         c = plan_config(self.s_q, self.heads)
         _launcher(_scheduler.compile)(cache_seqlens, self.sched, self.split_offsets, c.split_units, c.stream_parts)
 

@@ -11,14 +11,17 @@ whose units fall there. A request whose blocks span several parts is split (its 
 results are merged inside the decode kernel); an empty request belongs to the part that covers
 the last unit of its overhead and writes a zero output and -inf LSE.
 
-Whole-request plans: when the batch fits the parts and splitting would not pay
-(``whole_requests``), part p takes request p whole and parts past the batch stay idle. A split
+Whole-request and cluster plans: when the batch fits the parts and splitting would not pay
+(``whole_requests``), part p takes request p whole, or (the decode launched in clusters of k
+parts) parts kc..kc+k-1 take a k-th of request c's blocks each, merged on-chip; parts past
+them stay idle. A split
 costs its fp32 partial, written and read back by the merge (``split_units`` per split, about
 6 units for 64 rows), and a fixed wait for the merge (``SPLIT_FIXED_UNITS``); and at most
 ``stream_parts`` parts stream KV at their full rate before HBM bounds the whole launch. The
 rule picks the plan with the smaller estimate: whole, max(c_max, T / s); split, max(w, (T +
 n_s·split_units) / s) + fixed, with n_s = b + ceil(T / w) - 1 splits (every part boundary
-inside a request), s = min(stream_parts, num_parts). Fitted on the H100 to 29 equal-length
+inside a request), s = min(stream_parts, num_parts); cluster, max((c_max - 5) / k + 5, T / s)
++ CLUSTER_FIXED_UNITS. Fitted on the H100 to 29 equal-length
 dense and sparse shapes (profiles/NOTES.md, "Whole-request plans").
 
 Every part is computed independently (binary searches over S in shared memory), so one

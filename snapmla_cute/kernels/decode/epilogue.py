@@ -1,9 +1,10 @@
 """Role: a consumer warpgroup's 256 output dims of a request, normalized, out to global memory.
 
 o/ℓ per row, as bf16 into ``out`` (a request the part holds whole) or as fp32 into its
-split's partial row (a split request, merged later by ``merge``), with the LSE. Each warp
-stages its rows through a 1 KB shared buffer so the stores leave as 16-byte accesses
-covering whole 128-byte lines.
+split's partial row (a split request, merged later by ``merge``), with the LSE; or, in the
+cluster plan, exchanged with the cluster's other CTAs through distributed shared memory and
+merged there (``cluster_epilogue``). Each warp stages its rows through a 1 KB shared buffer
+so the stores leave as 16-byte accesses covering whole 128-byte lines.
 """
 
 from __future__ import annotations

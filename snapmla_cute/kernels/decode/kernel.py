@@ -6,7 +6,8 @@ blocks of its split-KV part, with four warpgroups (``pipelines.roles``): the pro
 ``softmax``, ``epilogue`` and ``merge``); every thread first plans its part (``plan``).
 The launch is cooperative (the in-kernel merge waits for other CTAs) and
 programmatic-dependent: each CTA waits for the previous grid's writes before its first
-global access, after its launch and prologue.
+global access, after its launch and prologue. With ``DecodeConfig.cluster`` k > 1 it is in
+clusters of k parts, so the cluster plan can merge a request's portions on-chip.
 """
 
 from __future__ import annotations

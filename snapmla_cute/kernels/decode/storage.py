@@ -3,8 +3,9 @@
 Q (one stage), the KV ring (``kv_stages`` of e4m3 content, bf16 RoPE and fp32 scales; Vᵀ
 is written over the content in place), two P slots and two softmax-state slots for the
 consumer WGs' exchange, the per-stage handshake mbarriers, the plan, and the epilogue's
-per-warp staging buffers. The KV stages double as the plan's scratch before the producer
-starts and as the merge's scratch after the part's last block.
+per-warp staging buffers (and, in clusters, the cluster merge's two mbarriers). The KV
+stages double as the plan's scratch before the producer starts and as the merge's scratch
+(or the cluster merge's receive buffer) after the part's last block.
 """
 
 from dataclasses import dataclass
