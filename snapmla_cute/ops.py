@@ -316,13 +316,16 @@ def default_num_parts(batch: int, m_tiles: int, num_sms: int) -> int:
 
 
 def decode_metadata(
-    cache_seqlens: torch.Tensor, *, s_q: int, heads: int, num_parts: int | None = None
+    cache_seqlens: torch.Tensor, *, s_q: int, heads: int, num_parts: int | None = None, cluster: int | None = None
 ) -> DecodeMetadata:
     """Allocates the split-KV plan for a decode shape and fills it from ``cache_seqlens``.
 
     ``num_parts`` (default: :func:`default_num_parts`, at most SMs / query tiles: the decode
     launch is cooperative) is how many CTAs share the KV work of one query tile; requests
     cut by a part boundary are split, and their splits merged inside the decode kernel.
+    ``cluster`` (1 or 2; default: :func:`default_cluster` from these lengths, which reads
+    them to the host once, or 1 under graph capture) launches the decode in clusters of that
+    many parts, so the kernel may merge a request's halves on-chip.
     """
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
     if isinstance(s_q, bool) or not isinstance(s_q, int) or not 1 <= s_q <= MAX_S_Q:
@@ -343,8 +346,12 @@ def decode_metadata(
     elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
         # the decode launch is cooperative (split requests merge in-kernel): one wave at most
         raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
+    if cluster is not None and (cluster not in (1, 2) or num_parts % cluster):
+        raise ValueError(f"cluster: expected 1 or 2 (dividing num_parts {num_parts}), got {cluster!r}")
     md = DecodeMetadata(cache_seqlens.shape[0], s_q, heads, num_parts, cache_seqlens.device)
-    if not torch.cuda.is_current_stream_capturing():  # reads the lengths (one sync); captured: plain launches
+    if cluster is not None:
+        md.cluster = cluster
+    elif not torch.cuda.is_current_stream_capturing():  # reads the lengths (one sync); captured: plain launches
         md.cluster = default_cluster(cache_seqlens.tolist(), num_parts, plan_config(s_q, heads, cluster=2),
                                      _num_sms(cache_seqlens.device))
     md.update(cache_seqlens)
@@ -420,7 +427,7 @@ class _Tuning(dict):
 
 
 _hot_steps: dict = {}  # (heads, s_q, page_size, causal, bf16 q, visible, cluster) -> compiled decode step
-_hot_sparse: dict = {}  # (heads, s_q, bf16 q) -> compiled sparse step (``sparse.mla_decode_sparse``)
+_hot_sparse: dict = {}  # (heads, s_q, bf16 q, cluster) -> compiled sparse step (``sparse.mla_decode_sparse``)
 DECODE_TUNING = _Tuning()
 _LOG2E = 1.4426950408889634
 _DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
@@ -441,6 +448,8 @@ def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: b
 
         extra = {"visible": True} if visible else {}
         kw = {"cluster": cluster, **DECODE_TUNING}
+        if visible:
+            kw["cluster"] = 1  # the context-parallel step: plain launches
         return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **extra, **kw))
 
     step = decode_compile.compile_step_q if bf16_q else decode_compile.compile_step
@@ -511,7 +520,8 @@ def mla_decode(
         _check_values(finite=_query_values(q), extra=_table_stats(block_table, cache_seqlens, cache))
     _check_capture_ready("mla_decode", "decode_metadata", metadata, out, lse)
     if metadata is None:
-        metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h)
+        # the cluster choice reads the lengths: only where check already syncs
+        metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h, cluster=None if check else 1)
     bf16_q = not isinstance(q, (tuple, list))
     if bf16_q:
         if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
@@ -680,20 +690,32 @@ def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     return bf16_q, args if visible is None else (*args, visible)
 
 
+def _check_cluster_parts(metadata) -> None:
+    """A clustered launch needs a part count the cluster divides (``DECODE_TUNING`` may set
+    clusters of 4 or 8; the metadata's own choice always fits)."""
+    k = DECODE_TUNING.get("cluster", metadata.cluster)
+    if metadata.num_parts % k:
+        raise ValueError(f"metadata: {metadata.num_parts} parts do not divide into clusters of {k}")
+
+
 def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible=None):
     """The compiled decode step and its argument tuple (no checks; the bench times the bare
     call with it)."""
     bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
     _, s_q, h, _ = args[0].shape
     cluster = 1 if visible is not None else metadata.cluster  # the context-parallel step: plain launches
+    _check_cluster_parts(metadata)
     return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster), args
 
 
 def warmup(
-    heads=HEADS, s_q=(1,), page_sizes=(64,), causal=(False, True), *, arch: str | None = None, progress: bool = True
+    heads=HEADS, s_q=(1,), page_sizes=(64,), causal=(False, True), *, clusters=(1, 2), arch: str | None = None,
+    progress: bool = True,
 ) -> int:
     """Compiles (or loads from the disk cache) every kernel a serving config needs, ahead of
-    traffic. Returns how many kernel variants are ready. ``arch="sm_90a"`` works without a GPU."""
+    traffic: each decode step plain and in clusters of two (``clusters``; ``default_cluster``
+    picks per metadata). Returns how many kernel variants are ready. ``arch="sm_90a"`` works
+    without a GPU."""
     import itertools
 
     from snapmla_cute.kernels.decode import DecodeConfig
@@ -705,8 +727,8 @@ def warmup(
     for p in page_sizes:
         work += [(_append_kv.compile_call, _append_kv.AppendKVCallConfig(p)),
                  (_dequant_kv.compile_call, _dequant_kv.DequantKVCallConfig(p))]
-    for h, s, p, c in itertools.product(heads, s_q, page_sizes, causal):
-        cfg = DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **DECODE_TUNING))
+    for h, s, p, c, k in itertools.product(heads, s_q, page_sizes, causal, clusters):
+        cfg = DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **{"cluster": k, **DECODE_TUNING}))
         work += [(decode_compile.compile_step, cfg), (decode_compile.compile_step_q, cfg)]  # quantized / bf16 query
     bar = None
     if progress:

@@ -28,6 +28,7 @@ from snapmla_cute.ops import (
     _DEFAULT_SCALE_LOG2,
     _LOG2E,
     DECODE_TUNING,
+    _check_cluster_parts,
     _hot_sparse,
     _launcher,
     _merge_max_splits,
@@ -224,6 +225,7 @@ def mla_decode_sparse(
     if lse is None:
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     _, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
+    _check_cluster_parts(metadata)
     _sparse_launcher(h, s_q, bf16_q, metadata.cluster)(*args)
     return out, lse
 

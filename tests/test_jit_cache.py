@@ -84,7 +84,7 @@ def test_warmup_compiles_a_serving_set_without_gpu(fresh):
 
     n = warmup(heads=(64,), s_q=(1,), page_sizes=(64,), causal=(False,), arch="sm_90a", progress=False)
     # 3 fused kernels, scheduler (metadata), decode step (one decode kernel) for a
-    # quantized and for a bf16 query
-    assert n == 6
-    assert len(list(fresh.glob("*.o"))) == 6
-    assert len(list(fresh.glob("decode_step_q-*.o"))) == 1
+    # quantized and for a bf16 query, each plain and in clusters of two
+    assert n == 8
+    assert len(list(fresh.glob("*.o"))) == 8
+    assert len(list(fresh.glob("decode_step_q-*.o"))) == 2

@@ -221,3 +221,20 @@ def test_custom_op(seed):
         md.split_offsets, md.o_partial, md.lse_partial, md.counters, 576**-0.5,
     )
     check_sparse(c, out, lse)
+
+
+def test_cluster_plan(seed):
+    """Lists that fill half the SMs: the metadata launches in clusters of two and each list's
+    halves merge on-chip (distributed shared memory), against the emulation and float64."""
+    from snapmla_cute import ops
+
+    if torch.cuda.get_device_properties(0).multi_processor_count not in ops.CLUSTER_SM_COUNTS:
+        pytest.skip("clusters of two are not launched on this device")
+    b, h, topk = 40, 64, 1500
+    c = build_sparse_case(b, 1, h, 64, 4000, topk, seed=seed, minus_one=0.01, lengths=[topk, 0, 700])
+    md = sparse_decode_metadata(b, 1, h, topk)
+    assert md.cluster == 2
+    out = torch.full((b, 1, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((b, h, 1), float("nan"), device="cuda")
+    mla_decode_sparse(c["q"], c["cache"], c["indices"], topk_length=c["topk_length"], metadata=md, out=out, lse=lse)
+    check_sparse(c, out, lse)

@@ -420,7 +420,7 @@ def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = Sch
         pre.append(pre[-1] + n + ov)
     total = pre[-1]
     width = max((total + num_parts - 1) // num_parts, 1)
-    c_max = max(n + ov for n in n_blocks)
+    c_max = max((n + ov for n in n_blocks), default=0)
     plan = whole_requests_host(total, c_max, len(lens), num_parts, cfg.split_units, cfg.stream_parts, cfg.cluster, ov)
     if plan != PLAN_SPLIT:
         k = cfg.cluster if plan == PLAN_CLUSTER else 1

@@ -57,9 +57,7 @@ EPI_BYTES = EPI_ROWS * EPI_ROW_BYTES
 # 64-row split's partial traffic in KV blocks, and the CTAs that stream at full rate
 SPLIT_UNITS_PER_TILE = 6
 STREAM_PARTS = 105
-# the cluster merge's receive buffer in the (idle) KV stages: the peers' rows of o at 0
-# ((k-1) x 128/k KB), their LSEs at CLUSTER_LSE_OFFSET, (k-1, 64) floats
-CLUSTER_LSE_OFFSET = 112 * 1024
+CLUSTER_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -157,6 +155,15 @@ class DecodeConfig:
         return SchedulerConfig(split_units=-(-SPLIT_UNITS_PER_TILE * rows // L.M_TILE),
                                stream_parts=0 if self.sparse else STREAM_PARTS, pairs=self.pairs,
                                cluster=self.cluster)
+
+    @property
+    def cluster_recv_bytes(self) -> tuple[int, int]:
+        """The cluster merge's receive buffer in the (idle) KV stages: the peers' rows of o/ℓ
+        from 0 ((k-1)/k of the tile's fp32, each peer's 64/k rows), then their LSEs ((k-1)
+        x 64 floats): (offset of the LSEs, bytes in all)."""
+        k = self.cluster
+        o = (k - 1) * L.M_TILE * CONTENT_DIM * 4 // k
+        return o, o + (k - 1) * L.M_TILE * 4
 
     @property
     def box_rows(self) -> int:

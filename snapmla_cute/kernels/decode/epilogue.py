@@ -19,7 +19,7 @@ from snapmla_cute.kernels import ptx
 import cutlass.pipeline as pipeline
 
 from snapmla_cute.kernels.decode.config import (
-    CLUSTER_LSE_OFFSET, EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS,
+    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS,
 )
 from snapmla_cute.layouts import mma as M
 from snapmla_cute.layouts import smem as L
@@ -103,6 +103,7 @@ class Epilogue:
         vecs = PV_SPLITS * vals // 4  # 16-byte vectors per row
         rows_per_rank = L.M_TILE // k
         blocks8 = rows_per_rank // 8  # 8-row slabs a rank owns
+        lse_off, _ = cfg.cluster_recv_bytes
         # the peers as a loop ptxas keeps (a one-trip loop unrolled for k = 2 let it hoist all
         # of a peer's 16 loads above the scaling, and spill)
         peers = ptx.launder(Int32(k - 1), req)
@@ -151,13 +152,13 @@ class Epilogue:
                         acc_o_mn[h][i, j + 2] * inv[i], acc_o_mn[h][i, j + 3] * inv[i],
                     )
                 if wg == 0 and lane % 4 == 0:
-                    ptx.st_cluster_f32(ptx.mapa(kv_addr + CLUSTER_LSE_OFFSET + (slot * L.M_TILE + row) * 4, owner),
+                    ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
                                        lse[i])
                 ptx.mbar_arrive_cluster(ptx.mapa(data_bar, owner))
         self.cluster_wait_bar(data_bar)
         # merge the rows this rank owns, in the accumulator's registers
         recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
-                                cute.make_layout((CLUSTER_LSE_OFFSET // 4 + (k - 1) * L.M_TILE,)))
+                                cute.make_layout((lse_off // 4 + (k - 1) * L.M_TILE,)))
         one = cute.make_rmem_tensor((rows_per_thr,), Float32)
         for i in cutlass.range_constexpr(rows_per_thr):
             row = c_o_mn[i, 0][0]
@@ -167,13 +168,13 @@ class Epilogue:
                 pidx = row // 8 - rank * blocks8
                 m = lse[i]
                 for q in cutlass.range(peers, unroll=1):
-                    m = cutlass.max(m, recv[CLUSTER_LSE_OFFSET // 4 + q * L.M_TILE + row])
+                    m = cutlass.max(m, recv[lse_off // 4 + q * L.M_TILE + row])
                 total = Float32(0.0)
                 if m > -Float32.inf:
                     total = cute.math.exp2((lse[i] - m) * Float32(1.0 / LN2), fastmath=False)
                     for q in cutlass.range(peers, unroll=1):
                         total += cute.math.exp2(
-                            (recv[CLUSTER_LSE_OFFSET // 4 + q * L.M_TILE + row] - m) * Float32(1.0 / LN2), fastmath=False)
+                            (recv[lse_off // 4 + q * L.M_TILE + row] - m) * Float32(1.0 / LN2), fastmath=False)
                 lse_tot = -Float32.inf
                 if total > 0.0:
                     lse_tot = m + cute.math.log2(total, fastmath=False) * Float32(LN2)
@@ -185,7 +186,7 @@ class Epilogue:
                     for j in cutlass.range_constexpr(vals):
                         acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * f_self
                 for q in cutlass.range(peers, unroll=1):
-                    lq = recv[CLUSTER_LSE_OFFSET // 4 + q * L.M_TILE + row]
+                    lq = recv[lse_off // 4 + q * L.M_TILE + row]
                     w_q = Float32(0.0)
                     if lq > -Float32.inf:
                         w_q = cute.math.exp2((lq - lse_tot) * Float32(1.0 / LN2), fastmath=False)

@@ -22,7 +22,7 @@ from cutlass.memory import SmemAllocator
 
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels import ptx
-from snapmla_cute.kernels.decode.config import FP8, MERGE_BATCH, SM90_SMEM_BYTES, DecodeConfig
+from snapmla_cute.kernels.decode.config import CLUSTER_SIZES, FP8, MERGE_BATCH, SM90_SMEM_BYTES, DecodeConfig
 from snapmla_cute.kernels.decode.consumer import Consumer, DecodeMmas
 from snapmla_cute.kernels.decode.epilogue import DecodeOutputs, Epilogue
 from snapmla_cute.kernels.decode.merge import Merger
@@ -46,6 +46,8 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             raise ValueError(f"DecodeConfig: sparse needs page_size 1, s_q 1, not causal; got {cfg}")
         if cfg.visible and not cfg.causal:
             raise ValueError(f"DecodeConfig: visible needs causal; got {cfg}")
+        if cfg.cluster not in CLUSTER_SIZES:
+            raise ValueError(f"DecodeConfig: cluster must be one of {CLUSTER_SIZES}; got {cfg}")
         self.cfg = cfg
         self.roles = roles.layout(cfg.transposer)
         self.threads = self.roles.threads
@@ -134,6 +136,9 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         self.kv_smem_bytes = cute.cosize(kv_sl)
         if cutlass.const_expr(SharedStorage.size_in_bytes() > SM90_SMEM_BYTES):  # else the launch fails
             raise ValueError(f"decode: shared storage {SharedStorage.size_in_bytes()} B, at most {SM90_SMEM_BYTES} B")
+        if cutlass.const_expr(cfg.cluster_recv_bytes[1] > self.kv_smem_bytes):  # the epilogue buffers follow
+            raise ValueError(f"decode: the cluster merge of {cfg.cluster} needs {cfg.cluster_recv_bytes[1]} B of KV "
+                             f"stages, {cfg.kv_stages} stages have {self.kv_smem_bytes} B")
         num_parts = m_sched.shape[0]
         self.kernel(
             qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0,
@@ -239,7 +244,9 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             if tidx == 0:
                 k = cfg.cluster
                 cute.arch.mbarrier_init(storage.cl_mbar.data_ptr(), k - 1)  # each peer's stages free
-                cute.arch.mbarrier_init(storage.cl_mbar.data_ptr() + 1, (k - 1) * 8 * L.M_TILE // k)  # peers' (thread, row)s: 8 threads a row
+                # the peers' (thread, row) pairs: each row is held by 4 threads of each consumer WG
+                cute.arch.mbarrier_init(storage.cl_mbar.data_ptr() + 1,
+                                        (k - 1) * 4 * roles.NUM_CONSUMER_WGS * L.M_TILE // k)
         cute.arch.mbarrier_init_fence()
         if tidx == 0:
             # the epilogue derives storage.epi's address from kv's (one register less)

@@ -149,7 +149,11 @@ class Planner:
             s_plan[3] = e_blk
             s_plan[4] = split
             if cutlass.const_expr(self.cfg.cluster > 1):
-                s_plan[15] = whole  # PartWork.clustered
+                # PartWork.clustered (never, with the rule compiled out: whole_plans False)
+                if cutlass.const_expr(rule):
+                    s_plan[15] = whole
+                else:
+                    s_plan[15] = Int32(0)
         cute.arch.sync_threads()
         if tidx == 0:
             b_req = s_plan[0]
