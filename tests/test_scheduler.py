@@ -246,3 +246,26 @@ def test_default_cluster():
     assert default_cluster([2048] * 64, 114, h64, num_sms=114) == 1  # not measured there
     assert default_cluster([2048] * 64, 132, plan_config(1, 64, sparse=True, cluster=2)) == 2
     assert default_cluster([], 132, h64) == 1
+
+
+# H100, graph-replay µs, one run each (profiles/NOTES.md, "Whole-request and cluster plans"):
+# (batch, length, heads, sparse, parts, µs on the cluster plan of two, µs of the plan picked
+# without clusters); the three marked rows are the timing-only ceiling of the halves (no merge)
+MEASURED_CLUSTER = [
+    (64, 2048, 64, False, 132, 44.9, 54.8), (64, 4096, 64, False, 132, 72.8, 89.0),
+    (48, 4096, 64, False, 132, 62.1, 73.7), (32, 4096, 128, False, 66, 59.4, 69.6),
+    (64, 2048, 64, True, 132, 49.9, 65.7), (64, 2048, 8, True, 132, 47.9, 53.6),
+    (32, 8192, 64, False, 132, 98.9, 86.1), (24, 8192, 128, False, 66, 100.6, 90.5),  # ceilings
+    (64, 8192, 64, False, 132, 125.7, 148.3),  # ceiling
+]
+
+
+@pytest.mark.parametrize("b, length, heads, sparse, parts, cluster_us, other_us", MEASURED_CLUSTER)
+def test_cluster_rule_picks_the_faster_plan(b, length, heads, sparse, parts, cluster_us, other_us):
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, whole_requests_host
+    from snapmla_cute.ops import plan_config
+
+    cfg = plan_config(1, heads, sparse=sparse, cluster=2)
+    units = [(length + 63) // 64 + 5] * b
+    plan = whole_requests_host(sum(units), max(units), b, parts, cfg.split_units, cfg.stream_parts, 2)
+    assert (plan == PLAN_CLUSTER) == (cluster_us < other_us), plan
