@@ -2,8 +2,8 @@
 
 * ``roles`` — the CTA's warpgroups, their ``setmaxnreg`` budgets and the named barrier ids.
 * ``kv_ring`` — stage and phase of the g-th KV block over the TMA/mbarrier pipeline.
-* ``handshakes`` — the transposer's per-stage mbarriers and the consumer warpgroups'
-  exchange of P slots and softmax states.
+* ``handshakes`` — the transposer's per-stage mbarriers, the consumer warpgroups'
+  exchange of P slots and softmax states, and the cluster merge's mbarriers across CTAs.
 
 The one-warp-per-row fused kernels need none of it.
 """

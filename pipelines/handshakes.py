@@ -12,6 +12,13 @@ owner of block k publishes P_k in ``sP[k % 2]`` and its softmax state (m, σ_p, 
 slot ``k % 2`` and arrives on ``STATE[k % 2]``; the other WG waits there, reads it, runs its
 PV with that P and arrives on ``PFREE[k % 2]``, which the owner of block k + 2 waits on
 before it overwrites the slot.
+
+``ClusterExchange`` — the cluster plan's two mbarriers per CTA, used once per launch: ``free``
+(k - 1 arrivals: each peer's KV stages are idle, so rows may be written into them) and
+``data`` (one arrival per peer thread and row it sent here, released at cluster scope after
+its stores). Every thread arrives on the cluster barrier at kernel start, after the init;
+only the consumers wait on it, before their first remote arrival. Each CTA waits for its own
+``free`` and ``data`` before it exits, so no peer touches a CTA that has left.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32
 
+from snapmla_cute.kernels import ptx
 from snapmla_cute.pipelines.kv_ring import KVRing
-from snapmla_cute.pipelines.roles import PAIR_THREADS, THREADS_PER_WG, Barrier
+from snapmla_cute.pipelines.roles import NUM_CONSUMER_WGS, PAIR_THREADS, THREADS_PER_WG, Barrier
 
 
 @dataclass(frozen=True)
@@ -132,3 +140,61 @@ class PairExchange:
     def free_p(self, slot):
         """The other WG: its PV with ``sP[slot]`` is done."""
         self.barrier(Barrier.PFREE, slot).arrive()
+
+
+@dataclass(frozen=True)
+class ClusterExchange:
+    """The cluster merge's ``free`` / ``data`` mbarriers (Int32 shared addresses, the same in
+    each CTA of a ``k``-CTA cluster); a wait past ``limit_ns`` traps."""
+
+    free: object
+    data: object
+    k: int
+    limit_ns: int
+
+    @staticmethod
+    def make(mbar_addr, k: int, limit_ns: int) -> "ClusterExchange":
+        """From the address of the pair (``free`` first, ``data`` 8 bytes on)."""
+        return ClusterExchange(mbar_addr, mbar_addr + 8, k, limit_ns)
+
+    @staticmethod
+    @cute.jit
+    def init(mbar_ptr, k: cutlass.Constexpr, rows: cutlass.Constexpr, tidx):
+        """Thread 0: ``free`` expects the k - 1 peers, ``data`` every (thread, row) of theirs
+        holding a row this CTA owns (each row: 4 threads of each consumer WG)."""
+        if tidx == 0:
+            cute.arch.mbarrier_init(mbar_ptr, k - 1)
+            cute.arch.mbarrier_init(mbar_ptr + 1, (k - 1) * 4 * NUM_CONSUMER_WGS * rows // k)
+
+    @cute.jit
+    def stages_idle(self, ctid, rank):
+        """Consumers, both WGs past their last PV: once every CTA's barriers are initialized,
+        thread ``ctid`` < k tells peer ``ctid`` that this CTA's stages are free."""
+        cute.arch.cluster_wait()
+        if ctid < self.k:
+            if ctid != rank:
+                ptx.mbar_arrive_cluster(ptx.mapa(self.free, ctid))
+
+    @cute.jit
+    def rows_sent(self, owner):
+        """This thread's stores of a row ``owner`` owns are done (released, cluster scope)."""
+        ptx.mbar_arrive_cluster(ptx.mapa(self.data, owner))
+
+    @cute.jit
+    def wait_free(self):
+        """Every peer's stages are free."""
+        self.wait(self.free)
+
+    @cute.jit
+    def wait_rows(self):
+        """Every peer's rows this CTA owns have arrived (visible: cluster-scope acquire)."""
+        self.wait(self.data)
+
+    @cute.jit
+    def wait(self, bar):
+        """Phase 0 of this CTA's mbarrier ``bar``, bounded: a count that never completes fails
+        the launch instead of hanging the stream."""
+        t0 = cute.arch.globaltimer()
+        while ptx.mbar_try_wait_cluster(bar, cutlass.Int32(0)) == 0:
+            if cute.arch.globaltimer() - t0 > self.limit_ns:
+                ptx.trap()

@@ -24,6 +24,7 @@ from snapmla_cute.kernels.decode.config import (
 from snapmla_cute.layouts import mma as M
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
+from snapmla_cute.pipelines.handshakes import ClusterExchange
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class Epilogue:
         thread its own accumulator values, so sender and receiver share one layout), then
         merges the rows it owns (lse = log Σ exp(lse_q), o = Σ exp(lse_q - lse)·o_q) and
         writes them as bf16. Two mbarriers order it: ``free`` (the peers' stages are idle,
-        one arrival per peer) and ``data`` (every sending thread's rows have arrived)."""
+        one arrival per peer) and ``data`` (every sending thread's rows have arrived):
+        ``pipelines.handshakes.ClusterExchange``."""
         cfg = self.cfg
         k = cfg.cluster
         row_max, sigma_p, row_sum = state
@@ -123,16 +125,12 @@ class Epilogue:
         mbar_addr = ptx.launder(mbar_addr, req)
         lane = wg_tidx % 32
         ctid = wg * roles.THREADS_PER_WG + wg_tidx
-        free_bar = mbar_addr
-        data_bar = mbar_addr + 8
+        exchange = ClusterExchange.make(mbar_addr, k, MERGE_WAIT_LIMIT_NS)
         # both WGs are past their last PV: this CTA's stages are idle; tell every peer
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
         pair.arrive_and_wait()
-        cute.arch.cluster_wait()  # every CTA's mbarriers initialized (arrived at kernel start)
-        if ctid < k:
-            if ctid != rank:
-                ptx.mbar_arrive_cluster(ptx.mapa(free_bar, ctid))
-        self.cluster_wait_bar(free_bar)
+        exchange.stages_idle(ctid, rank)
+        exchange.wait_free()
         # send the rows other ranks own: slot = my index among the owner's peers
         for i in cutlass.range_constexpr(rows_per_thr):
             row = c_o_mn[i, 0][0]
@@ -154,8 +152,8 @@ class Epilogue:
                 if wg == 0 and lane % 4 == 0:
                     ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
                                        lse[i])
-                ptx.mbar_arrive_cluster(ptx.mapa(data_bar, owner))
-        self.cluster_wait_bar(data_bar)
+                exchange.rows_sent(owner)
+        exchange.wait_rows()
         # merge the rows this rank owns, in the accumulator's registers
         recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
                                 cute.make_layout((lse_off // 4 + (k - 1) * L.M_TILE,)))
@@ -204,15 +202,6 @@ class Epilogue:
         warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
         buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES
         self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
-
-    @cute.jit
-    def cluster_wait_bar(self, bar):
-        """Wait for phase 0 of this CTA's mbarrier ``bar`` (cluster-scope acquire); bounded as
-        the merge's wait: a count that never completes fails the launch instead of hanging."""
-        t0 = cute.arch.globaltimer()
-        while ptx.mbar_try_wait_cluster(bar, Int32(0)) == 0:
-            if cute.arch.globaltimer() - t0 > MERGE_WAIT_LIMIT_NS:
-                ptx.trap()
 
     @cute.jit
     def store_tile(self, acc_o_mn, c_o_mn, inv, m_dst, idx, dtype: cutlass.Constexpr, m_tile, wg, wg_tidx, buf,

@@ -34,7 +34,7 @@ from snapmla_cute.kernels.decode.transposer import Transposer
 from snapmla_cute.kernels.decode_scheduler import DecodeSchedulerKernel
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
-from snapmla_cute.pipelines.handshakes import PairExchange, TransposerHandshake
+from snapmla_cute.pipelines.handshakes import ClusterExchange, PairExchange, TransposerHandshake
 from snapmla_cute.pipelines.kv_ring import KVRing
 
 
@@ -241,12 +241,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         if cutlass.const_expr(cfg.transposer):
             handshake.init(tidx)
         if cutlass.const_expr(cfg.cluster > 1):
-            if tidx == 0:
-                k = cfg.cluster
-                cute.arch.mbarrier_init(storage.cl_mbar.data_ptr(), k - 1)  # each peer's stages free
-                # the peers' (thread, row) pairs: each row is held by 4 threads of each consumer WG
-                cute.arch.mbarrier_init(storage.cl_mbar.data_ptr() + 1,
-                                        (k - 1) * 4 * roles.NUM_CONSUMER_WGS * L.M_TILE // k)
+            ClusterExchange.init(storage.cl_mbar.data_ptr(), cfg.cluster, L.M_TILE, tidx)
         cute.arch.mbarrier_init_fence()
         if tidx == 0:
             # the epilogue derives storage.epi's address from kv's (one register less)
