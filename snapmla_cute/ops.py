@@ -371,14 +371,9 @@ def default_cluster(lengths, num_parts: int, cfg, num_sms: int = 132) -> int:
     request's halves on the two CTAs of a cluster, merged through distributed shared memory.
     Clusters of 4 and 8 are correct but gained at most 3% on the H100 and do not all fit one
     wave at 128 parts (``profiles/NOTES.md``)."""
-    if num_parts % 2 or "cluster" in DECODE_TUNING or not len(lengths) or num_sms not in CLUSTER_SM_COUNTS:
+    if num_parts % 2 or "cluster" in DECODE_TUNING or num_sms not in CLUSTER_SM_COUNTS:
         return 1
-    lens = [_scheduler.clamp_len_host(x) for x in lengths]
-    ov = cfg.fixed_overhead_blocks
-    units = [(L + cfg.block_n - 1) // cfg.block_n + ov for L in lens]
-    plan = _scheduler.whole_requests_host(sum(units), max(units), len(units), num_parts, cfg.split_units,
-                                          cfg.stream_parts, 2, ov)
-    return 2 if plan == _scheduler.PLAN_CLUSTER else 1
+    return 2 if _scheduler.plan_of(lengths, num_parts, cfg) == _scheduler.PLAN_CLUSTER else 1
 
 
 class _Tuning(dict):

@@ -399,7 +399,7 @@ def test_cluster_plan(seed, b, h, k, parts):
     blocks among them), three calls with poisoned outputs; the plan the kernel ran is the
     reference's, the outputs match the emulation and float64, the counters stay zero."""
     from snapmla_cute import ops
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, whole_requests_host, schedule_reference
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of, schedule_reference
 
     rng = random.Random(seed * 17 + b)
     lens = [0, 1] + [rng.randint(1800, 2200) if i % 3 else rng.randint(1, 2200) for i in range(b - 2)]
@@ -408,9 +408,8 @@ def test_cluster_plan(seed, b, h, k, parts):
     ops.DECODE_TUNING.update(cluster=k)
     try:
         cfg = ops.plan_config(1, h)
-        units = [(L + 63) // 64 + 5 for L in lens]
         # lengths chosen so that every draw takes the cluster plan (a test of the plan, not of the rule)
-        assert whole_requests_host(sum(units), max(units), b, parts, cfg.split_units, cfg.stream_parts, k) == PLAN_CLUSTER
+        assert plan_of(lens, parts, cfg) == PLAN_CLUSTER
         md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
         sched, offsets = schedule_reference(lens, parts, cfg)
         for _ in range(3):

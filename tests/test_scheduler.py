@@ -214,13 +214,12 @@ def test_plan_config_of_the_decode_shapes():
 def test_cluster_plan_gives_cluster_c_request_c(k):
     """The cluster plan: parts kc..kc+k-1 take request c's blocks in k near-equal portions
     (some empty for a request shorter than k blocks), one split per request, parts past k·b idle."""
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, whole_requests_host
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of
 
     cfg = SchedulerConfig(split_units=6, stream_parts=105, cluster=k)
     lens = [0, 1, 130] + [2000 + 5 * r for r in range(100 // k - 3)]
     parts = 132 - 132 % k
-    units = [(L + 63) // 64 + 5 for L in lens]
-    assert whole_requests_host(sum(units), max(units), len(lens), parts, 6, 105, k) == PLAN_CLUSTER
+    assert plan_of(lens, parts, cfg) == PLAN_CLUSTER
     sched, offsets = schedule_reference(lens, parts, cfg)
     assert offsets == list(range(len(lens) + 1))
     for p, row in enumerate(sched):
@@ -262,10 +261,8 @@ MEASURED_CLUSTER = [
 
 @pytest.mark.parametrize("b, length, heads, sparse, parts, cluster_us, other_us", MEASURED_CLUSTER)
 def test_cluster_rule_picks_the_faster_plan(b, length, heads, sparse, parts, cluster_us, other_us):
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, whole_requests_host
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of
     from snapmla_cute.ops import plan_config
 
-    cfg = plan_config(1, heads, sparse=sparse, cluster=2)
-    units = [(length + 63) // 64 + 5] * b
-    plan = whole_requests_host(sum(units), max(units), b, parts, cfg.split_units, cfg.stream_parts, 2)
+    plan = plan_of([length] * b, parts, plan_config(1, heads, sparse=sparse, cluster=2))
     assert (plan == PLAN_CLUSTER) == (cluster_us < other_us), plan

@@ -410,6 +410,15 @@ def whole_requests_host(total: int, c_max: int, batch: int, num_parts: int, spli
     return res
 
 
+def plan_of(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()) -> int:
+    """The plan the rule takes for these lengths (``PLAN_SPLIT``, ``PLAN_WHOLE`` or
+    ``PLAN_CLUSTER``), as the kernel computes it: clamped lengths, blocks plus overhead."""
+    ov = cfg.fixed_overhead_blocks
+    units = [(clamp_len_host(x) + cfg.block_n - 1) // cfg.block_n + ov for x in cache_seqlens]
+    return whole_requests_host(sum(units), max(units, default=0), len(units), num_parts, cfg.split_units,
+                               cfg.stream_parts, cfg.cluster, ov)
+
+
 def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):
     """The same plan in plain Python: ``(sched rows, split_offsets)``, for tests and planning."""
     lens = [clamp_len_host(x) for x in cache_seqlens]
@@ -420,8 +429,7 @@ def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = Sch
         pre.append(pre[-1] + n + ov)
     total = pre[-1]
     width = max((total + num_parts - 1) // num_parts, 1)
-    c_max = max((n + ov for n in n_blocks), default=0)
-    plan = whole_requests_host(total, c_max, len(lens), num_parts, cfg.split_units, cfg.stream_parts, cfg.cluster, ov)
+    plan = plan_of(lens, num_parts, cfg)
     if plan != PLAN_SPLIT:
         k = cfg.cluster if plan == PLAN_CLUSTER else 1
         rows = [[r, q * n_blocks[r] // k, r, (q + 1) * n_blocks[r] // k, 0, 0, 0, 0]
