@@ -497,7 +497,7 @@ def mla_decode(
         try:
             bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
             fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None,
-                             1 if visible is not None else metadata.cluster)]
+                             _launch_cluster(metadata, visible))]
         except (KeyError, AttributeError, TypeError):
             fn = None  # first call of this shape, or bad arguments: the full path below
         if fn is not None:
@@ -685,6 +685,12 @@ def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     return bf16_q, args if visible is None else (*args, visible)
 
 
+def _launch_cluster(metadata, visible) -> int:
+    """The step's parts per cluster, as the hot path looks it up and ``_step_call`` registers
+    it: the metadata's, but plain for the context-parallel step."""
+    return 1 if visible is not None else metadata.cluster
+
+
 def _check_cluster_parts(metadata) -> None:
     """A clustered launch needs a part count the cluster divides (``DECODE_TUNING`` may set
     clusters of 4 or 8; the metadata's own choice always fits)."""
@@ -698,8 +704,8 @@ def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     call with it)."""
     bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
     _, s_q, h, _ = args[0].shape
-    cluster = 1 if visible is not None else metadata.cluster  # the context-parallel step: plain launches
     _check_cluster_parts(metadata)
+    cluster = _launch_cluster(metadata, visible)
     return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster), args
 
 
