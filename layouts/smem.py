@@ -38,6 +38,15 @@ def content_offset(row: int, col_byte: int) -> int:
     return (col_byte // 128) * CHUNK_BYTES + swizzle((row % 8) * 128 + (row // 8) * 1024 + col_byte % 128, 3)
 
 
+def sw128_row_step(offset: int, rows: int) -> int:
+    """The offset of the same column ``rows`` rows further down a Swizzle-128B tile
+    (``content_offset``, ``rope_offset``), from ``offset``, the offset in row ``r``: valid
+    where ``r % 8`` and ``rows % 8`` share no bit (so ``(r + rows) % 8 == r % 8 ^ rows % 8``).
+    With ``rows`` a constant it is one XOR and an add folded into the address, which lets
+    the sparse gather compute a lane's swizzled destination once per block."""
+    return (offset ^ ((rows % 8) * 16)) + (rows % 8) * 128 + (rows // 8) * 1024
+
+
 def vt_offset(dim: int, token: int) -> int:
     """Byte offset of e4m3 element (dim, token) of the K-major SW64 ``(512, 64)`` Vᵀ tile."""
     return swizzle((dim % 8) * 64 + (dim // 8) * 512 + token, 2)

@@ -53,6 +53,21 @@ def test_swizzle_keeps_16_byte_units_whole():
             assert [smem.content_offset(r, c0 + i) for i in range(16)] == list(range(base, base + 16))
 
 
+def test_sw128_row_step_follows_the_tiles():
+    # the sparse gather's per-lane destinations: a row r0 with r0 % 8 and the step's low
+    # bits disjoint (content: r0 % 8 == 0, any step; RoPE: r0 % 8 < 4, steps of 4)
+    for r0 in range(64):
+        for step in range(64 - r0):
+            if (r0 % 8) & (step % 8):
+                continue
+            for col in range(0, 512, 16):
+                assert smem.sw128_row_step(smem.content_offset(r0, col), step) == smem.content_offset(r0 + step, col)
+            for col in range(0, 64, 8):
+                assert smem.sw128_row_step(smem.rope_offset(r0, col), step) == smem.rope_offset(r0 + step, col)
+    # where the bits overlap the step is not a row move (the gather never asks for one)
+    assert smem.sw128_row_step(smem.content_offset(1, 0), 1) != smem.content_offset(2, 0)
+
+
 def test_sw128_rows_of_one_column_group_hit_distinct_banks():
     """The point of Swizzle-128B: 8 consecutive rows of one 16-byte column group spread over
     8 different 16-byte bank groups."""

@@ -78,6 +78,22 @@ def cp_async(smem_addr: Int32, gmem_addr, nbytes: int, src_bytes: Int32, *, loc=
 
 
 @dsl_user_op
+def cp_async_or_zero(smem_addr: Int32, gmem_addr, nbytes: int, read: Int32, *, loc=None, ip=None):
+    """``cp.async.{cg|ca}.shared.global [smem], [gmem], nbytes, ignore-src``: ``nbytes`` from
+    ``gmem`` where ``read`` is nonzero, else zeros (``gmem`` is then not dereferenced, so it
+    may be any value: no select of a safe address before the copy)."""
+    cache = "cg" if nbytes == 16 else "ca"
+    _asm(
+        None,
+        [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+         Int32(read).ir_value(loc=loc, ip=ip)],
+        f"{{ .reg .pred z; setp.eq.s32 z, $2, 0; cp.async.{cache}.shared.global [$0], [$1], {nbytes}, z; }}",
+        "r,l,r,~{memory}",
+        loc, ip,
+    )
+
+
+@dsl_user_op
 def cp_async_arrive_noinc(mbar_addr: Int32, *, loc=None, ip=None):
     """``cp.async.mbarrier.arrive.noinc``: one arrival on the mbarrier once this thread's
     earlier cp.async copies have landed (counted in the barrier's expected arrivals)."""

@@ -167,7 +167,10 @@ class Producer:
                     nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
                                          num_slots, lane < per_warp)
                 stage = ring.wait_free(g)
-                self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
+                if cutlass.const_expr(cfg.gather_lane_base):
+                    self.gather_block_lanes(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
+                else:
+                    self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
                 ptx.cp_async_arrive_noinc(ring.full_addr(stage))
                 g += 1
 
@@ -199,6 +202,35 @@ class Producer:
             saddr = g_ks.iterator.toint() + Int64(src) * 4
             dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + warp * per_warp + lane) * 4
             ptx.cp_async(dst, saddr, 4, nb)
+
+    @cute.jit
+    def gather_block_lanes(self, smem, g_kv, g_ks, slot, stage, warp, lane, per_warp: cutlass.Constexpr):
+        """``gather_block`` with the per-copy work cut to a shuffle, an address multiply-add, an
+        XOR and the copy: the lane's destination in row ``16·warp`` (content) or ``16·warp +
+        lane/8`` (RoPE) and its source column are computed once, the other rows follow by
+        ``layouts.smem.sw128_row_step`` with constant steps; a missing token's slot is never
+        replaced by a safe one, its copy ignores the source (zero fill)."""
+        row_bytes = KV_ROW_BYTES
+        row0 = warp * per_warp
+        kv_lane = (smem.kv_addr() + stage * (L.BLOCK_N * CONTENT_DIM) + L.content_offset(row0, lane * 16))
+        g_lane = g_kv.iterator.toint() + Int64(lane * 16)
+        for t in cutlass.range_constexpr(per_warp):
+            s = cute.arch.shuffle_sync(slot, t)
+            ptx.cp_async_or_zero(L.sw128_row_step(kv_lane, t), g_lane + Int64(s) * row_bytes, 16,
+                                 Int32(s != OOB_PAGE))
+        # RoPE: 8 chunks per token, 4 tokens per step (rows 16·warp + 4k + lane/8)
+        c = lane % 8
+        kr_lane = (smem.storage.k_rope.data_ptr().toint() + stage * (L.BLOCK_N * ROPE_DIM * 2)
+                   + L.rope_offset(row0 + lane // 8, c * 8))
+        g_rope = g_kv.iterator.toint() + Int64(CONTENT_DIM + c * 16)
+        for k in cutlass.range_constexpr(per_warp * 8 // 32):
+            s = cute.arch.shuffle_sync(slot, k * 4 + lane // 8)
+            ptx.cp_async_or_zero(L.sw128_row_step(kr_lane, 4 * k), g_rope + Int64(s) * row_bytes, 16,
+                                 Int32(s != OOB_PAGE))
+        # scales (0 for no token)
+        if lane < per_warp:
+            dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + row0 + lane) * 4
+            ptx.cp_async_or_zero(dst, g_ks.iterator.toint() + Int64(slot) * 4, 4, Int32(slot != OOB_PAGE))
 
     @cute.jit
     def src_of(self, slot, nbytes: cutlass.Constexpr):
