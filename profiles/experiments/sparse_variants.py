@@ -1,13 +1,13 @@
-"""Timing-only variants of the sparse decode. Default: per gather unroll
-(``DecodeConfig.gather_unroll``; ``--unroll``) against the dense decode over the same token
-count. ``--few-heads``: the 8- and 16-head rows with the pipeline's own times (every compute
-stage left out: the gather alone; the softmax kept; the transposition kept) beside the
+"""Timing-only variants of the sparse decode. Default: the shipped kernel against the dense
+decode over the same token count (the sweep of the old gather's loop unroll is in this
+script's history). ``--few-heads``: the 8- and 16-head rows with the pipeline's own times
+(every compute stage left out: the gather alone; the softmax kept; the transposition kept) beside the
 shipped kernel, the floor and the target. ``--bounds``: the same stage-less variants at the
 64- and 128-head rows, beside the dense decode over the same token count. With either,
 ``--stages 4 3`` adds the gather alone on that many KV stages (``qk_early`` off; a gather
 bound by its blocks in flight slows with fewer). Prints a table.
 
-    python3 profiles/experiments/sparse_variants.py --unroll 1 4
+    python3 profiles/experiments/sparse_variants.py [--with-few]
     python3 profiles/experiments/sparse_variants.py --few-heads
     python3 profiles/experiments/sparse_variants.py --bounds [--stages 4 3]
 """
@@ -40,7 +40,6 @@ def sparse_us(b, h, s_q, topk, s_k, page_size=64):
 
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--unroll", type=int, nargs="*", default=[1, 4])
 ap.add_argument("--with-few", action="store_true", help="also the b64 h8, b128 h16 and b1 h8 rows")
 ap.add_argument("--few-heads", action="store_true")
 ap.add_argument("--bounds", action="store_true")
@@ -74,7 +73,7 @@ if args.bounds or args.few_heads:
         rows.append(row)
         print(row, flush=True)
 else:
-    variants = [("shipped", {})] + [(f"unroll {u}", {"gather_unroll": u}) for u in args.unroll]
+    variants = [("shipped", {})]
     shapes = SHAPES + ([FEW_HEAD_SHAPES[i] for i in (0, 3, 5)] if args.with_few else [])
     for shape in shapes:
         b, h, s_q, topk, s_k = shape

@@ -63,21 +63,6 @@ def launder(x: Int32, dep: Int32, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def cp_async(smem_addr: Int32, gmem_addr, nbytes: int, src_bytes: Int32, *, loc=None, ip=None):
-    """``cp.async.{cg|ca}.shared.global [smem], [gmem], nbytes, src_bytes``: the bytes past
-    ``src_bytes`` are zero-filled (``src_bytes`` 0: nothing is read)."""
-    cache = "cg" if nbytes == 16 else "ca"
-    _asm(
-        None,
-        [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
-         Int32(src_bytes).ir_value(loc=loc, ip=ip)],
-        f"cp.async.{cache}.shared.global [$0], [$1], {nbytes}, $2;",
-        "r,l,r,~{memory}",
-        loc, ip,
-    )
-
-
-@dsl_user_op
 def cp_async_or_zero(smem_addr: Int32, gmem_addr, nbytes: int, read: Int32, *, loc=None, ip=None):
     """``cp.async.{cg|ca}.shared.global [smem], [gmem], nbytes, ignore-src``: ``nbytes`` from
     ``gmem`` where ``read`` is nonzero, else zeros (``gmem`` is then not dereferenced, so it

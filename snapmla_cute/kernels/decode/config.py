@@ -105,12 +105,6 @@ class DecodeConfig:
     # a request of at most this many splits (a divisor of MERGE_BATCH) merges with a thread
     # per row and all its splits' loads issued together (Merger.few_split_lse); 0: never
     merge_few: int = 8
-    gather_unroll: int = 8  # sparse: a gathering warp's token loop unrolled (2: 173 us, 8: 139 us at b128 h128 topk2048)
-    # sparse: each lane's swizzled destination and row base once per block, every token's
-    # copy an XOR and an immediate from them (``layouts.smem.sw128_row_step``), the token
-    # loop unrolled whole, a missing token's zero fill as cp.async's ignore-src predicate;
-    # False: the swizzled offset and a safe source computed per copy (``gather_unroll``)
-    gather_lane_base: bool = True
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
     p_stsm: bool = True
