@@ -142,16 +142,23 @@ class Epilogue:
                 pidx = row // 8 - owner * blocks8
                 base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
                 rbase = ptx.mapa(base, owner)
-                for v in cutlass.range_constexpr(vecs):
-                    h = 4 * v // vals
-                    j = 4 * v % vals
-                    ptx.st_cluster_v4(
-                        rbase + v * 512, acc_o_mn[h][i, j] * inv[i], acc_o_mn[h][i, j + 1] * inv[i],
-                        acc_o_mn[h][i, j + 2] * inv[i], acc_o_mn[h][i, j + 3] * inv[i],
-                    )
-                if wg == 0 and lane % 4 == 0:
-                    ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
-                                       lse[i])
+                # fewer rows than the tile (8-32 heads, one tile): the rows past them are
+                # never written, so they are not sent (at h8 that is 56 of 64); the owner
+                # merges whatever its stage holds there and drops it
+                send = True
+                if cutlass.const_expr(cfg.rows < L.M_TILE):
+                    send = row < cfg.rows
+                if send:
+                    for v in cutlass.range_constexpr(vecs):
+                        h = 4 * v // vals
+                        j = 4 * v % vals
+                        ptx.st_cluster_v4(
+                            rbase + v * 512, acc_o_mn[h][i, j] * inv[i], acc_o_mn[h][i, j + 1] * inv[i],
+                            acc_o_mn[h][i, j + 2] * inv[i], acc_o_mn[h][i, j + 3] * inv[i],
+                        )
+                    if wg == 0 and lane % 4 == 0:
+                        ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
+                                           lse[i])
                 exchange.rows_sent(owner)
         exchange.wait_rows()
         # merge the rows this rank owns, in the accumulator's registers
