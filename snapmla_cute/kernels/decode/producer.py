@@ -167,7 +167,10 @@ class Producer:
                     nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
                                          num_slots, lane < per_warp)
                 stage = ring.wait_free(g)
-                self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
+                if cutlass.const_expr(cfg.gather_lines):
+                    self.gather_block_lines(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
+                else:
+                    self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
                 ptx.cp_async_arrive_noinc(ring.full_addr(stage))
                 g += 1
 
@@ -206,6 +209,37 @@ class Producer:
         if lane < per_warp:
             dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + row0 + lane) * 4
             ptx.cp_async_or_zero(dst, g_ks.iterator.toint() + Int64(slot) * 4, 4, Int32(slot != OOB_PAGE))
+
+    @cute.jit
+    def gather_block_lines(self, smem, g_kv, g_ks, slot, stage, warp, lane, per_warp: cutlass.Constexpr):
+        """``gather_block`` with 8 lanes per token: lane l copies 16-byte column ``l % 8`` of
+        token ``16·warp + 4g + l/8``'s five 128-byte lines (4 content, 1 RoPE) for g = 0..3,
+        so a copy instruction still fills 4 whole lines, but a lane's 5 copies of a token
+        share one source address (the lines as immediates) and one swizzled destination
+        (the content chunks 8 KB apart): per group one shuffle of the slot, one address
+        multiply-add, the predicate and two XORs for 5 copies, plus the token's scale from
+        its lane 0."""
+        row_bytes = KV_ROW_BYTES
+        lane = ptx.launder(lane, stage)
+        c = lane % 8
+        t0 = lane // 8
+        row0 = warp * per_warp + t0  # row0 % 8 < 4: steps of 4 rows are row moves
+        kv_lane = (smem.kv_addr() + stage * (L.BLOCK_N * CONTENT_DIM) + L.content_offset(row0, c * 16))
+        kr_lane = (smem.storage.k_rope.data_ptr().toint() + stage * (L.BLOCK_N * ROPE_DIM * 2)
+                   + L.rope_offset(row0, c * 8))
+        ks_lane = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + row0) * 4
+        g_lane = g_kv.iterator.toint() + Int64(c * 16)
+        ks_base = g_ks.iterator.toint()
+        for k in cutlass.range_constexpr(per_warp // 4):
+            s = cute.arch.shuffle_sync(slot, 4 * k + t0)
+            read = Int32(s != OOB_PAGE)
+            src = g_lane + Int64(s) * row_bytes
+            dst = L.sw128_row_step(kv_lane, 4 * k)
+            for seg in cutlass.range_constexpr(CONTENT_DIM // 128):
+                ptx.cp_async_or_zero(dst + seg * L.CHUNK_BYTES, src + seg * 128, 16, read)
+            ptx.cp_async_or_zero(L.sw128_row_step(kr_lane, 4 * k), src + CONTENT_DIM, 16, read)
+            if c == 0:
+                ptx.cp_async_or_zero(ks_lane + 16 * k, ks_base + Int64(s) * 4, 4, read)
 
     @cute.jit
     def gather_id(self, m_indices, req, pos, seqlen, num_slots, lane_used):
