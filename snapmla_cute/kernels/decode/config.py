@@ -105,9 +105,6 @@ class DecodeConfig:
     # a request of at most this many splits (a divisor of MERGE_BATCH) merges with a thread
     # per row and all its splits' loads issued together (Merger.few_split_lse); 0: never
     merge_few: int = 8
-    # sparse: 8 lanes per gathered token, a lane's 5 lines of it from one address
-    # (``Producer.gather_block_lines``); False: a warp per token row (``gather_block``)
-    gather_lines: bool = True
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
     p_stsm: bool = True

@@ -126,8 +126,8 @@ class Producer:
         ``16·warp .. 16·warp + 15`` of every KV block with cp.async, which writes each
         16-byte chunk where the block's Swizzle-128B tile puts it (a one-row TMA box lands
         in the swizzle phase of an 8-row box, so 7 rows of 8 come out permuted: measured).
-        Per token: the slot id from the request's index list, its 512 content bytes (one
-        chunk per lane), its 128 RoPE bytes and 4 scale bytes. A list position past the
+        Per token: the slot id from the request's index list, its 512 content bytes and 128
+        RoPE bytes (8 lanes, ``gather_block``) and its 4 scale bytes. A list position past the
         list's length, -1, or an id outside the cache reads nothing: zero-filled, so its
         scale is 0, the consumers' mark of a masked key (a written slot's scale is > 0).
         Each thread's copies arrive on the stage's full barrier when they land
@@ -167,58 +167,23 @@ class Producer:
                     nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
                                          num_slots, lane < per_warp)
                 stage = ring.wait_free(g)
-                if cutlass.const_expr(cfg.gather_lines):
-                    self.gather_block_lines(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
-                else:
-                    self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
+                self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
                 ptx.cp_async_arrive_noinc(ring.full_addr(stage))
                 g += 1
 
     @cute.jit
     def gather_block(self, smem, g_kv, g_ks, slot, stage, warp, lane, per_warp: cutlass.Constexpr):
-        """This warp's tokens of one block into KV stage ``stage``: lane l holds token
-        ``16·warp + l``'s slot (``OOB_PAGE``: no token). Content: one token per step, one
-        16-byte chunk per lane (a coalesced 512-byte row); RoPE: 4 tokens per step, 8 chunks
-        each; then the scales. A copy is a shuffle of the slot, an address multiply-add, an
-        XOR and the cp.async: the lane's destination in row ``16·warp`` (content) or ``16·warp
-        + lane/8`` (RoPE) and its source column are computed once per block, the other rows
-        follow by ``layouts.smem.sw128_row_step`` with constant steps, and a missing token's
-        copy ignores its source (zero fill) instead of reading a substituted safe slot (the
-        per-copy offsets and selects this replaced cost 6% at h128, 1-3% elsewhere)."""
-        row_bytes = KV_ROW_BYTES
-        # the lane's bases per block (a few instructions): hoisted above the request loop they
-        # took the registers of the 24-register producer and spilled its Q phase
-        lane = ptx.launder(lane, stage)
-        row0 = warp * per_warp
-        kv_lane = (smem.kv_addr() + stage * (L.BLOCK_N * CONTENT_DIM) + L.content_offset(row0, lane * 16))
-        g_lane = g_kv.iterator.toint() + Int64(lane * 16)
-        for t in cutlass.range_constexpr(per_warp):
-            s = cute.arch.shuffle_sync(slot, t)
-            ptx.cp_async_or_zero(L.sw128_row_step(kv_lane, t), g_lane + Int64(s) * row_bytes, 16,
-                                 Int32(s != OOB_PAGE))
-        # RoPE: 8 chunks per token, 4 tokens per step (rows 16·warp + 4k + lane/8)
-        c = lane % 8
-        kr_lane = (smem.storage.k_rope.data_ptr().toint() + stage * (L.BLOCK_N * ROPE_DIM * 2)
-                   + L.rope_offset(row0 + lane // 8, c * 8))
-        g_rope = g_kv.iterator.toint() + Int64(CONTENT_DIM + c * 16)
-        for k in cutlass.range_constexpr(per_warp * 8 // 32):
-            s = cute.arch.shuffle_sync(slot, k * 4 + lane // 8)
-            ptx.cp_async_or_zero(L.sw128_row_step(kr_lane, 4 * k), g_rope + Int64(s) * row_bytes, 16,
-                                 Int32(s != OOB_PAGE))
-        # scales (0 for no token)
-        if lane < per_warp:
-            dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + row0 + lane) * 4
-            ptx.cp_async_or_zero(dst, g_ks.iterator.toint() + Int64(slot) * 4, 4, Int32(slot != OOB_PAGE))
-
-    @cute.jit
-    def gather_block_lines(self, smem, g_kv, g_ks, slot, stage, warp, lane, per_warp: cutlass.Constexpr):
-        """``gather_block`` with 8 lanes per token: lane l copies 16-byte column ``l % 8`` of
-        token ``16·warp + 4g + l/8``'s five 128-byte lines (4 content, 1 RoPE) for g = 0..3,
-        so a copy instruction still fills 4 whole lines, but a lane's 5 copies of a token
-        share one source address (the lines as immediates) and one swizzled destination
-        (the content chunks 8 KB apart): per group one shuffle of the slot, one address
-        multiply-add, the predicate and two XORs for 5 copies, plus the token's scale from
-        its lane 0."""
+        """This warp's tokens of one block into KV stage ``stage``; lane l holds token ``16·warp
+        + l``'s slot (``OOB_PAGE``: no token). 8 lanes per token: lane l copies 16-byte column
+        ``l % 8`` of token ``16·warp + 4k + l/8``'s five 128-byte lines (4 content, 1 RoPE)
+        for k = 0..3, so a copy fills 4 whole lines, and a lane's 5 copies of a token share
+        one source address (the lines as immediates) and one swizzled destination (content
+        chunks 8 KB apart; the rows 4 apart by ``layouts.smem.sw128_row_step``): per token
+        group a shuffle of the slot, an address multiply-add, the predicate and two XORs for
+        5 copies, plus the token's scale from its lane 0. A missing token's copies ignore
+        their source (zero fill). Against a warp per token row (a shuffle, a multiply-add
+        and the copy per 16-byte chunk; 996ee9b's parent): 7% faster at b128 h128
+        topk2048, 1-3% at most other rows."""
         row_bytes = KV_ROW_BYTES
         lane = ptx.launder(lane, stage)
         c = lane % 8
