@@ -28,6 +28,8 @@ BOUNDS = {
     "+ qk": {"skip": ("pv", "transpose", "softmax", "store")},
     "+ qk, softmax": {"skip": ("pv", "transpose", "store")},
     "no transpose": {"skip": ("transpose",)},
+    "no softmax": {"skip": ("softmax",)},
+    "no softmax, transpose": {"skip": ("softmax", "transpose")},
     # the epilogue's global writes (out, split partials) left out; the merge still runs
     "no store": {"skip": ("store",)},
 }
