@@ -180,7 +180,7 @@ class Producer:
         one source address (the lines as immediates) and one swizzled destination (content
         chunks 8 KB apart; the rows 4 apart by ``layouts.smem.sw128_row_step``): per token
         group a shuffle of the slot, an address multiply-add, the predicate and two XORs for
-        5 copies, plus the token's scale from its lane 0. A missing token's copies ignore
+        5 copies; then lanes 0-15 copy their own token's scale. A missing token's copies ignore
         their source (zero fill). Against a warp per token row (a shuffle, a multiply-add
         and the copy per 16-byte chunk; 996ee9b's parent): 7% faster at b128 h128
         topk2048, 1-3% at most other rows."""
@@ -192,7 +192,6 @@ class Producer:
         kv_lane = (smem.kv_addr() + stage * (L.BLOCK_N * CONTENT_DIM) + L.content_offset(row0, c * 16))
         kr_lane = (smem.storage.k_rope.data_ptr().toint() + stage * (L.BLOCK_N * ROPE_DIM * 2)
                    + L.rope_offset(row0, c * 8))
-        ks_lane = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + row0) * 4
         g_lane = g_kv.iterator.toint() + Int64(c * 16)
         ks_base = g_ks.iterator.toint()
         for k in cutlass.range_constexpr(per_warp // 4):
@@ -203,8 +202,10 @@ class Producer:
             for seg in cutlass.range_constexpr(CONTENT_DIM // 128):
                 ptx.cp_async_or_zero(dst + seg * L.CHUNK_BYTES, src + seg * 128, 16, read)
             ptx.cp_async_or_zero(L.sw128_row_step(kr_lane, 4 * k), src + CONTENT_DIM, 16, read)
-            if c == 0:
-                ptx.cp_async_or_zero(ks_lane + 16 * k, ks_base + Int64(s) * 4, 4, read)
+        # the scales: lane l < 16 its own token's, one copy (4 lanes per group cost 4)
+        if lane < per_warp:
+            dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + warp * per_warp + lane) * 4
+            ptx.cp_async_or_zero(dst, ks_base + Int64(slot) * 4, 4, Int32(slot != OOB_PAGE))
 
     @cute.jit
     def gather_id(self, m_indices, req, pos, seqlen, num_slots, lane_used):
