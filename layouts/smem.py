@@ -43,7 +43,9 @@ def sw128_row_step(offset: int, rows: int) -> int:
     (``content_offset``, ``rope_offset``), from ``offset``, the offset in row ``r``: valid
     where ``r % 8`` and ``rows % 8`` share no bit (so ``(r + rows) % 8 == r % 8 ^ rows % 8``).
     With ``rows`` a constant it is one XOR and an add folded into the address, which lets
-    the sparse gather compute a lane's swizzled destination once per block."""
+    the sparse gather compute a lane's swizzled destination once per block. The gather
+    applies it to absolute shared addresses: valid because the tiles start 1024-aligned
+    (bits 4-9 of the base are 0)."""
     return (offset ^ ((rows % 8) * 16)) + (rows % 8) * 128 + (rows // 8) * 1024
 
 

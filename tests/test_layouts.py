@@ -55,7 +55,7 @@ def test_swizzle_keeps_16_byte_units_whole():
 
 def test_sw128_row_step_follows_the_tiles():
     # the sparse gather's per-lane destinations: a row r0 with r0 % 8 and the step's low
-    # bits disjoint (content: r0 % 8 == 0, any step; RoPE: r0 % 8 < 4, steps of 4)
+    # bits disjoint (the gather: r0 % 8 < 4, steps of 4, content and RoPE)
     for r0 in range(64):
         for step in range(64 - r0):
             if (r0 % 8) & (step % 8):

@@ -88,7 +88,8 @@ class Epilogue:
                          mbar_addr):
         """The cluster plan's end: this CTA (rank q of k) holds o/ℓ and the LSE of a k-th of
         the request's blocks. Rank d owns rows [64d/k, 64(d+1)/k): every CTA sends the rows
-        it does not own to their owners' idle KV stages (distributed shared memory, each
+        it does not own (only those below ``cfg.rows``: none past them is ever written) to
+        their owners' idle KV stages (distributed shared memory, each
         thread its own accumulator values, so sender and receiver share one layout), then
         merges the rows it owns (lse = log Σ exp(lse_q), o = Σ exp(lse_q - lse)·o_q) and
         writes them as bf16. Two mbarriers order it: ``free`` (the peers' stages are idle,
