@@ -1,11 +1,11 @@
 """Timing-only variants of the sparse decode. Default: the shipped kernel against the dense
 decode over the same token count (the sweep of the old gather's loop unroll is in this
 script's history). ``--few-heads``: the 8- and 16-head rows with the pipeline's own times
-(every compute stage left out: the gather alone; the softmax kept; the transposition kept) beside the
-shipped kernel, the floor and the target. ``--bounds``: the same stage-less variants at the
-64- and 128-head rows, beside the dense decode over the same token count. With either,
-``--stages 4 3`` adds the gather alone on that many KV stages (``qk_early`` off; a gather
-bound by its blocks in flight slows with fewer). Prints a table.
+(every compute stage left out: the gather alone; the softmax kept; the transposition kept)
+beside the shipped kernel, the floor and the target. ``--bounds``: the same stage-less
+variants at the 64- and 128-head rows, beside the dense decode over the same token count.
+With either, ``--stages 4 3`` adds the gather alone on that many KV stages (``qk_early``
+off; a gather bound by its blocks in flight slows with fewer). Prints a table.
 
     python3 profiles/experiments/sparse_variants.py [--with-few]
     python3 profiles/experiments/sparse_variants.py --few-heads
@@ -75,17 +75,13 @@ if args.bounds or args.few_heads:
         rows.append(row)
         print(row, flush=True)
 else:
-    variants = [("shipped", {})]
+    ops.DECODE_TUNING.clear()
     shapes = SHAPES + ([FEW_HEAD_SHAPES[i] for i in (0, 3, 5)] if args.with_few else [])
     for shape in shapes:
         b, h, s_q, topk, s_k = shape
-        for name, tune in variants:
-            ops.DECODE_TUNING.clear()
-            ops.DECODE_TUNING.update(tune)
-            row = dict(shape=f"b{b} h{h} s_q{s_q} topk{topk}", variant=name, sparse_us=round(sparse_us(*shape), 1))
-            if name == "shipped":
-                row["dense_us"] = round(_dense_us(b * s_q, h, topk, 64), 1)
-            rows.append(row)
-            print(row, flush=True)
+        row = dict(shape=f"b{b} h{h} s_q{s_q} topk{topk}", sparse_us=round(sparse_us(*shape), 1),
+                   dense_us=round(_dense_us(b * s_q, h, topk, 64), 1))
+        rows.append(row)
+        print(row, flush=True)
 ops.DECODE_TUNING.clear()
 print(tabulate(rows, headers="keys"))
