@@ -1,0 +1,85 @@
+"""GPU: batch 1 (and 2, 4) on the split plan against the cluster plan at k = 2 / 4 / 8 (a
+request's k portions on the k CTAs of a cluster, merged on-chip; ``num_parts`` = k or 2k):
+graph-replay µs, and each output's distance from the first row's (the split plan).
+
+    python3 profiles/experiments/b1_clusters.py
+"""
+import multiprocessing, sys, time
+from concurrent.futures import ProcessPoolExecutor
+
+
+def _compile(item):
+    from snapmla_cute.kernels.decode import compile as dc
+    from snapmla_cute.kernels.decode.config import DecodeConfig
+    from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig, DecodeStepConfig
+    kind, h, k = item
+    kw = {"cluster": k} if k > 1 else {}
+    if kind == "sparse":
+        dc.compile_sparse(DecodeSparseStepConfig(DecodeConfig(h, 1, 1, False, sparse=True, **kw), 1))
+    else:
+        dc.compile_step(DecodeStepConfig(DecodeConfig(h, 1, 64, False, **kw)))
+    return item
+
+
+SPARSE = [(1, 8, 2048), (1, 128, 2048), (2, 8, 2048), (4, 8, 2048)]
+DENSE = [(1, 128, 640)]
+CONFIGS = [(None, 1), (2, 2), (4, 4), (8, 8), (16, 8), (4, 2), (8, 4)]
+
+
+def main():
+    import torch
+    from tabulate import tabulate
+    from snapmla_cute import decode_metadata, mla_decode, mla_decode_sparse, sparse_decode_metadata
+    from snapmla_cute.bench import time_us
+    from snapmla_cute.bench_sparse import sparse_case
+    from snapmla_cute.profiling import Shape, make_case
+    rows = []
+    for b, h, topk in SPARSE:
+        cache, _, qq, idx, _ = sparse_case(b, h, 1, topk, 8192)
+        base = None
+        for P, k in CONFIGS:
+            try:
+                md = sparse_decode_metadata(b, 1, h, topk, num_parts=P)
+                if P is not None:
+                    md.cluster = k
+                out, lse = mla_decode_sparse(qq, cache, idx, metadata=md)
+                torch.cuda.synchronize()
+                us = time_us(lambda: mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse, check=False))
+                if base is None:
+                    base = (out.float().clone(), lse.clone())
+                d = ((out.float() - base[0]).norm() / base[0].norm()).item()
+                dl = (lse - base[1]).abs().max().item()
+                rows.append([f"sparse b{b} h{h} topk{topk}", md.num_parts, md.cluster, round(us, 1), f"{d:.1e}", f"{dl:.1e}"])
+            except Exception as e:  # noqa: BLE001
+                rows.append([f"sparse b{b} h{h} topk{topk}", P, k, "-", type(e).__name__, str(e)[:60]])
+            print(rows[-1], flush=True)
+    for b, h, s_k in DENSE:
+        c = make_case(Shape("d", b, h, 1, s_k, False))
+        base = None
+        for P, k in CONFIGS:
+            try:
+                md = decode_metadata(c["seqlens"], s_q=1, heads=h, num_parts=P)
+                if P is not None:
+                    md.cluster = k
+                args = (c["q"], c["cache"], c["block_table"], c["seqlens"])
+                out, lse = mla_decode(*args, metadata=md)
+                torch.cuda.synchronize()
+                us = time_us(lambda: mla_decode(*args, metadata=md, out=out, lse=lse, check=False))
+                if base is None:
+                    base = (out.float().clone(), lse.clone())
+                d = ((out.float() - base[0]).norm() / base[0].norm()).item()
+                dl = (lse - base[1]).abs().max().item()
+                rows.append([f"dense b{b} h{h} s_k{s_k}", md.num_parts, md.cluster, round(us, 1), f"{d:.1e}", f"{dl:.1e}"])
+            except Exception as e:  # noqa: BLE001
+                rows.append([f"dense b{b} h{h} s_k{s_k}", P, k, "-", type(e).__name__, str(e)[:60]])
+            print(rows[-1], flush=True)
+    print(tabulate(rows, headers=["shape", "parts", "k", "us", "rel vs first", "lse diff"]))
+
+
+if __name__ == "__main__":
+    t = time.time()
+    work = [("sparse", h, k) for h in (8, 128) for k in (1, 2, 4, 8)] + [("dense", 128, k) for k in (1, 2, 4, 8)]
+    with ProcessPoolExecutor(max_workers=12, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile, work))
+    print(f"compiled {len(work)} in {time.time() - t:.0f}s", flush=True)
+    main()
