@@ -1,17 +1,29 @@
-"""GPU: compile (into the disk cache) every decode variant a bench uses, one process per
-bench row, so that the bench itself only loads them (a fresh device machine: ~25 s for the
-sparse rows instead of a compile per row inside the bench).
+"""GPU: compile (into the disk cache) the decode variants a bench or an experiment uses, one
+process per (row, tuning), so that the timing process only loads them. On a fresh device
+machine the sparse bench rows take ~25 s this way instead of a compile per row inside the
+bench, one after the other.
 
     python3 profiles/experiments/warm_bench.py sparse decode && snapmla-cute bench sparse
+
+``warm(items)`` does the same for an experiment's own list: ``("sparse", (b, h, s_q, topk,
+s_k), tuning)`` or ``("dense", (b, h, s_q, s_k, causal, varlen), tuning)`` with ``tuning`` the
+``ops.DECODE_TUNING`` the timed call will run under (part of the compile key).
 """
-import multiprocessing, sys, time
+import multiprocessing
+import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 
-def one(row):
+def one(item):
+    """Run one call of ``item`` (compiles its variant into the disk cache)."""
+    from snapmla_cute import ops
     from snapmla_cute.profiling import Shape, make_case, make_sparse_case
-    kind, args = row
+
+    kind, args, tuning = item
     t = time.time()
+    ops.DECODE_TUNING.clear()
+    ops.DECODE_TUNING.update(tuning)
     try:
         if kind == "sparse":
             b, h, s_q, topk, s_k = args
@@ -19,31 +31,40 @@ def one(row):
         else:
             b, h, s_q, s_k, causal, varlen = args
             make_case(Shape("w", b, h, s_q, s_k, causal, varlen=varlen))
-        return f"{row} {time.time() - t:.0f}s"
+        return f"{item} {time.time() - t:.0f}s"
     except Exception as e:  # noqa: BLE001
-        return f"{row} FAILED {e!r}"
+        return f"{item} FAILED {e!r}"
+    finally:
+        ops.DECODE_TUNING.clear()
 
 
-def rows(which):
-    from snapmla_cute.bench_sparse import SPARSE_SHAPES, FEW_HEAD_SHAPES
+def warm(items, jobs: int = 14, verbose: bool = True) -> None:
+    """Compile every item's variant in ``jobs`` spawned processes (the caller's process keeps
+    no state from them; its later calls hit the disk cache)."""
+    t = time.time()
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for r in pool.map(one, list(items)):
+            if verbose:
+                print(r, flush=True)
+    print(f"warm: {len(items)} variants in {time.time() - t:.0f}s", flush=True)
+
+
+def bench_items(which):
+    """The rows of ``snapmla-cute bench sparse`` (with ``--few-heads``, and the dense decode
+    beside each) and of ``bench decode``, shipped tuning."""
     from snapmla_cute.bench import DECODE_SHAPES
+    from snapmla_cute.bench_sparse import FEW_HEAD_SHAPES, SPARSE_SHAPES
+
     out = []
     if "sparse" in which:
-        out += [("sparse", s) for s in SPARSE_SHAPES + FEW_HEAD_SHAPES]
+        out += [("sparse", s, {}) for s in SPARSE_SHAPES + FEW_HEAD_SHAPES]
         # the dense decode beside each sparse row: b*s_q requests of topk tokens
-        out += [("dense", (b * s_q, h, 1, topk, False, False)) for b, h, s_q, topk, _ in SPARSE_SHAPES + FEW_HEAD_SHAPES]
+        out += [("dense", (b * s_q, h, 1, topk, False, False), {})
+                for b, h, s_q, topk, _ in SPARSE_SHAPES + FEW_HEAD_SHAPES]
     if "decode" in which:
-        for s in DECODE_SHAPES:
-            b, h, s_q, s_k, varlen = s
-            out.append(("dense", (b, h, s_q, s_k, s_q > 1, varlen)))
+        out += [("dense", (b, h, s_q, s_k, s_q > 1, varlen), {}) for b, h, s_q, s_k, varlen in DECODE_SHAPES]
     return out
 
 
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["sparse"]
-    rs = rows(which)
-    t = time.time()
-    with ProcessPoolExecutor(max_workers=14, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for r in pool.map(one, rs):
-            print(r, flush=True)
-    print(f"warm: {len(rs)} rows in {time.time() - t:.0f}s", flush=True)
+    warm(bench_items(sys.argv[1:] or ["sparse"]))
