@@ -5,6 +5,7 @@ shard decoded, merged), and the real thing over NCCL on two GPUs (skipped with f
 import os
 import random
 import tempfile
+import traceback
 
 import pytest
 import torch
@@ -181,7 +182,6 @@ def _two_gpu_worker(rank, world, init_file, seed, results):
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    ok = False
     try:
         for placement, h, s_q, causal in (("round_robin", 128, 1, False), ("contiguous", 16, 4, True),
                                           ("round_robin", 8, 8, True)):
@@ -226,13 +226,13 @@ def _two_gpu_worker(rank, world, init_file, seed, results):
                 assert err <= EMU_REL and ref.lse_max_abs(lse, le2.float()) <= EMU_LSE, (placement, h, s_q, err)
             del g  # a live graph holding NCCL work makes destroy_process_group hang
         torch.cuda.synchronize()
-        ok = True
-        results[rank] = "ok"
-    finally:
-        # after a failure the peer may be inside a collective: exit without the teardown
-        # (spawn then reports the error and stops the peer) instead of hanging in it
-        if ok:
-            dist.destroy_process_group()
+    except BaseException:
+        # the peer may be inside a collective: no teardown (NCCL's shutdown would hang in
+        # it, also at interpreter exit); spawn sees the exit code and stops the peer
+        results[rank] = traceback.format_exc()
+        os._exit(1)
+    results[rank] = "ok"
+    dist.destroy_process_group()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -243,5 +243,8 @@ def test_two_gpus_over_nccl(seed):
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     with tempfile.TemporaryDirectory() as d:
         results = mp.Manager().dict()
-        mp.spawn(_two_gpu_worker, args=(2, os.path.join(d, "init"), seed, results), nprocs=2, join=True)
+        try:
+            mp.spawn(_two_gpu_worker, args=(2, os.path.join(d, "init"), seed, results), nprocs=2, join=True)
+        except Exception as e:  # a rank's own traceback is in results
+            raise AssertionError(f"{e}\n" + "\n".join(f"rank {r}: {v}" for r, v in sorted(results.items()))) from None
         assert dict(results) == {0: "ok", 1: "ok"}
