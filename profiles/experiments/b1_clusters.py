@@ -4,7 +4,8 @@ graph-replay µs, and each output's distance from the first row's (the split pla
 
     python3 profiles/experiments/b1_clusters.py
 """
-import multiprocessing, sys, time
+import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 
