@@ -27,53 +27,52 @@ DENSE = [(1, 128, 640)]
 CONFIGS = [(None, 1), (2, 2), (4, 4), (8, 8), (16, 8), (4, 2), (8, 4)]
 
 
-def main():
+def sweep(rows, name, metadata, call):
+    """Time ``call(md, out, lse, check)`` on ``metadata(parts)`` for every (parts, k) of
+    CONFIGS (k set on the metadata), each output against the first config's."""
     import torch
-    from tabulate import tabulate
-    from snapmla_cute import decode_metadata, mla_decode, mla_decode_sparse, sparse_decode_metadata
+
     from snapmla_cute.bench import time_us
+
+    base = None
+    for P, k in CONFIGS:
+        try:
+            md = metadata(P)
+            if P is not None:
+                md.cluster = k
+            out, lse = call(md, None, None, True)
+            torch.cuda.synchronize()
+            us = time_us(lambda: call(md, out, lse, False))
+            if base is None:
+                base = (out.float().clone(), lse.clone())
+            d = ((out.float() - base[0]).norm() / base[0].norm()).item()
+            dl = (lse - base[1]).abs().max().item()
+            rows.append([name, md.num_parts, md.cluster, round(us, 1), f"{d:.1e}", f"{dl:.1e}"])
+        except Exception as e:  # noqa: BLE001
+            rows.append([name, P, k, "-", type(e).__name__, str(e)[:60]])
+        print(rows[-1], flush=True)
+
+
+def main():
+    from tabulate import tabulate
+
+    from snapmla_cute import decode_metadata, mla_decode, mla_decode_sparse, sparse_decode_metadata
     from snapmla_cute.bench_sparse import sparse_case
     from snapmla_cute.profiling import Shape, make_case
+
     rows = []
     for b, h, topk in SPARSE:
         cache, _, qq, idx, _ = sparse_case(b, h, 1, topk, 8192)
-        base = None
-        for P, k in CONFIGS:
-            try:
-                md = sparse_decode_metadata(b, 1, h, topk, num_parts=P)
-                if P is not None:
-                    md.cluster = k
-                out, lse = mla_decode_sparse(qq, cache, idx, metadata=md)
-                torch.cuda.synchronize()
-                us = time_us(lambda: mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse, check=False))
-                if base is None:
-                    base = (out.float().clone(), lse.clone())
-                d = ((out.float() - base[0]).norm() / base[0].norm()).item()
-                dl = (lse - base[1]).abs().max().item()
-                rows.append([f"sparse b{b} h{h} topk{topk}", md.num_parts, md.cluster, round(us, 1), f"{d:.1e}", f"{dl:.1e}"])
-            except Exception as e:  # noqa: BLE001
-                rows.append([f"sparse b{b} h{h} topk{topk}", P, k, "-", type(e).__name__, str(e)[:60]])
-            print(rows[-1], flush=True)
+        sweep(rows, f"sparse b{b} h{h} topk{topk}",
+              lambda P: sparse_decode_metadata(b, 1, h, topk, num_parts=P),  # noqa: B023
+              lambda md, out, lse, check: mla_decode_sparse(qq, cache, idx, metadata=md, out=out, lse=lse,  # noqa: B023
+                                                            check=check))
     for b, h, s_k in DENSE:
         c = make_case(Shape("d", b, h, 1, s_k, False))
-        base = None
-        for P, k in CONFIGS:
-            try:
-                md = decode_metadata(c["seqlens"], s_q=1, heads=h, num_parts=P)
-                if P is not None:
-                    md.cluster = k
-                args = (c["q"], c["cache"], c["block_table"], c["seqlens"])
-                out, lse = mla_decode(*args, metadata=md)
-                torch.cuda.synchronize()
-                us = time_us(lambda: mla_decode(*args, metadata=md, out=out, lse=lse, check=False))
-                if base is None:
-                    base = (out.float().clone(), lse.clone())
-                d = ((out.float() - base[0]).norm() / base[0].norm()).item()
-                dl = (lse - base[1]).abs().max().item()
-                rows.append([f"dense b{b} h{h} s_k{s_k}", md.num_parts, md.cluster, round(us, 1), f"{d:.1e}", f"{dl:.1e}"])
-            except Exception as e:  # noqa: BLE001
-                rows.append([f"dense b{b} h{h} s_k{s_k}", P, k, "-", type(e).__name__, str(e)[:60]])
-            print(rows[-1], flush=True)
+        args = (c["q"], c["cache"], c["block_table"], c["seqlens"])
+        sweep(rows, f"dense b{b} h{h} s_k{s_k}",
+              lambda P: decode_metadata(c["seqlens"], s_q=1, heads=h, num_parts=P),  # noqa: B023
+              lambda md, out, lse, check: mla_decode(*args, metadata=md, out=out, lse=lse, check=check))  # noqa: B023
     print(tabulate(rows, headers=["shape", "parts", "k", "us", "rel vs first", "lse diff"]))
 
 

@@ -73,8 +73,7 @@ def main():
         variants = [("shipped", {})] + bounds + staged
         shapes = pick(FEW_HEAD_SHAPES if args.few_heads else SHAPES)
         if args.jobs:
-            dense = [] if args.few_heads else [("dense", (b * s_q, h, 1, topk, False, False), {})
-                                               for b, h, s_q, topk, _ in shapes]
+            dense = [] if args.few_heads else warm_bench.dense_beside(shapes)
             warm_bench.warm([("sparse", sh, tune) for sh in shapes for _, tune in variants] + dense, args.jobs)
         for shape in shapes:
             b, h, s_q, topk, s_k = shape
@@ -95,9 +94,7 @@ def main():
         ops.DECODE_TUNING.clear()
         shapes = pick(SHAPES + ([FEW_HEAD_SHAPES[i] for i in (0, 3, 5)] if args.with_few else []))
         if args.jobs:
-            warm_bench.warm([("sparse", sh, {}) for sh in shapes]
-                            + [("dense", (b * s_q, h, 1, topk, False, False), {}) for b, h, s_q, topk, _ in shapes],
-                            args.jobs)
+            warm_bench.warm([("sparse", sh, {}) for sh in shapes] + warm_bench.dense_beside(shapes), args.jobs)
         for shape in shapes:
             b, h, s_q, topk, s_k = shape
             row = dict(shape=f"b{b} h{h} s_q{s_q} topk{topk}", sparse_us=round(sparse_us(*shape), 1),

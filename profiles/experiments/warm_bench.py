@@ -54,6 +54,11 @@ def warm(items, jobs: int = 14, verbose: bool = True) -> None:
     print(f"warm: {len(items)} variants in {time.time() - t:.0f}s", flush=True)
 
 
+def dense_beside(sparse_shapes):
+    """The dense decode beside each sparse row (``_dense_us``): b·s_q requests of topk tokens."""
+    return [("dense", (b * s_q, h, 1, topk, False, False), {}) for b, h, s_q, topk, _ in sparse_shapes]
+
+
 def bench_items(which):
     """The rows of ``snapmla-cute bench sparse`` (the dense decode beside each DSA row; the
     ``--few-heads`` rows) and of ``bench decode``, shipped tuning."""
@@ -62,9 +67,7 @@ def bench_items(which):
 
     out = []
     if "sparse" in which:
-        out += [("sparse", s, {}) for s in SPARSE_SHAPES + FEW_HEAD_SHAPES]
-        # the dense decode beside each sparse row: b*s_q requests of topk tokens
-        out += [("dense", (b * s_q, h, 1, topk, False, False), {}) for b, h, s_q, topk, _ in SPARSE_SHAPES]
+        out += [("sparse", s, {}) for s in SPARSE_SHAPES + FEW_HEAD_SHAPES] + dense_beside(SPARSE_SHAPES)
     if "decode" in which:
         out += [("dense", (b, h, s_q, s_k, s_q > 1, varlen), {}) for b, h, s_q, s_k, varlen in DECODE_SHAPES]
     return out
