@@ -161,11 +161,28 @@ class Producer:
                 cute.copy(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
             nxt = self.gather_id(m_indices, req, blk_lo * L.BLOCK_N + warp * per_warp + lane, seqlen, num_slots,
                                  lane < per_warp)
+            if cutlass.const_expr(cfg.gather_ahead >= 2):
+                nxt2 = self.gather_id(m_indices, req, (blk_lo + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
+                                      num_slots, lane < per_warp)
+            if cutlass.const_expr(cfg.gather_ahead >= 3):
+                nxt3 = self.gather_id(m_indices, req, (blk_lo + 2) * L.BLOCK_N + warp * per_warp + lane, seqlen,
+                                      num_slots, lane < per_warp)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 slot = nxt
-                if blk + 1 < blk_hi:
-                    nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
-                                         num_slots, lane < per_warp)
+                if cutlass.const_expr(cfg.gather_ahead >= 3):
+                    nxt = nxt2
+                    nxt2 = nxt3
+                    nxt3 = self.gather_id(m_indices, req, (blk + 3) * L.BLOCK_N + warp * per_warp + lane, seqlen,
+                                          num_slots, lane < per_warp)
+                elif cutlass.const_expr(cfg.gather_ahead == 2):
+                    # two blocks ahead; past the list gather_id gives OOB_PAGE, so no bound test
+                    nxt = nxt2
+                    nxt2 = self.gather_id(m_indices, req, (blk + 2) * L.BLOCK_N + warp * per_warp + lane, seqlen,
+                                          num_slots, lane < per_warp)
+                else:
+                    if blk + 1 < blk_hi:
+                        nxt = self.gather_id(m_indices, req, (blk + 1) * L.BLOCK_N + warp * per_warp + lane, seqlen,
+                                             num_slots, lane < per_warp)
                 stage = ring.wait_free(g)
                 self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
                 ptx.cp_async_arrive_noinc(ring.full_addr(stage))
