@@ -111,8 +111,6 @@ class DecodeConfig:
     # plan whole requests per part where splitting would not pay (``decode_scheduler``'s
     # rule, with ``scheduler``'s constants); False: always the split-everywhere plan
     whole_plans: bool = True
-    # the sparse producer loads a block's slot ids this many blocks ahead (1 or 2)
-    gather_ahead: int = 1
     # ---- profiling (wrong results or extra writes; never set by the library)
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
     # "softmax", "store" (timing variants that leave one stage out)
