@@ -29,7 +29,7 @@ from snapmla_cute.profiling import Shape, make_sparse_case
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import warm_bench  # noqa: E402
 
-SHAPES = [(128, 128, 1, 2048, 8192), (64, 64, 1, 2048, 8192), (32, 64, 1, 8192, 16384)]
+SHAPES = [(128, 128, 1, 2048, 8192), (64, 64, 1, 2048, 8192), (32, 64, 1, 8192, 16384), (1, 128, 1, 2048, 8192)]
 # the rest of the kernel without some of its stages (wrong results: timing only)
 BOUNDS = {
     "gather only": {"skip": ("qk", "pv", "transpose", "softmax", "store")},
