@@ -95,12 +95,12 @@ def check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, *
                 and split_offsets.shape == (lists + 1,) and o_partial.shape[0] >= lists + parts
                 and o_partial.shape[1:] == (rows, 512) and lse_partial.shape == o_partial.shape[:2]
                 and counters.shape == counters_shape and sched.dtype == split_offsets.dtype == counters.dtype
-                == torch.int32 and o_partial.dtype == torch.float16 and lse_partial.dtype == torch.float32):
+                == torch.int32 and o_partial.dtype == lse_partial.dtype == torch.float32):
             return
     except (AttributeError, IndexError, TypeError):
         pass
     for name, t, dtype in (("sched", sched, torch.int32), ("split_offsets", split_offsets, torch.int32),
-                           ("o_partial", o_partial, torch.float16), ("lse_partial", lse_partial, torch.float32),
+                           ("o_partial", o_partial, torch.float32), ("lse_partial", lse_partial, torch.float32),
                            ("counters", counters, torch.int32)):
         check_tensor(name, t, dtype)
     if not 1 <= lists <= max_lists:

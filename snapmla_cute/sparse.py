@@ -60,7 +60,7 @@ class SparseDecodeMetadata:
         self.sched = torch.zeros(num_parts, 8, dtype=torch.int32, device=device)
         self.split_offsets = torch.zeros(n + 1, dtype=torch.int32, device=device)
         max_splits = n + num_parts
-        self.o_partial = torch.empty(max_splits, heads, CONTENT_DIM, dtype=torch.float16, device=device)
+        self.o_partial = torch.empty(max_splits, heads, CONTENT_DIM, dtype=torch.float32, device=device)
         self.lse_partial = torch.empty(max_splits, heads, dtype=torch.float32, device=device)
         self.counters = torch.zeros(batch, s_q, 2 * m_tiles, dtype=torch.int32, device=device)
         self.full_lengths = torch.full((batch,), topk, dtype=torch.int32, device=device)

@@ -33,7 +33,6 @@ def fake_args(config: DecodeConfig, n=None):
     from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
 
     bf16, u8, f32, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int32
-    f16 = cutlass.Float16
     n = fake.sym() if n is None else n
     h, s_q, ps = config.heads, config.s_q, config.page_size
     R = h * s_q
@@ -52,7 +51,7 @@ def fake_args(config: DecodeConfig, n=None):
         t(i32, (fake.sym(),), (1,), 4),
         t(bf16, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
         t(f32, (n, h, s_q), (h * s_q, s_q, 1), 4),
-        t(f16, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
+        t(f32, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
         t(f32, (R, splits), (1, R), 4),
         t(i32, (n, 2 * config.m_tiles), (2 * config.m_tiles, 1), 4),
         cutlass.Float32(0.0),
@@ -69,7 +68,6 @@ def step_fake_args(config: DecodeStepConfig, n=None):
     from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
 
     bf16, u8, f32, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int32
-    f16 = cutlass.Float16
     fp8 = cutlass.Float8E4M3FN
     n = fake.sym() if n is None else n
     h, s_q, ps = config.decode.heads, config.decode.s_q, config.decode.page_size
@@ -89,7 +87,7 @@ def step_fake_args(config: DecodeStepConfig, n=None):
         t(f32, (pages, ps), (ps, 1), 16),
         t(i32, (fake.sym(), 8), (8, 1), 16),
         t(i32, (n,), (1,), 4),
-        t(f16, (splits, R, CONTENT_DIM), (R * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        t(f32, (splits, R, CONTENT_DIM), (R * CONTENT_DIM, CONTENT_DIM, 1), 16),
         t(f32, (splits, R), (R, 1), 4),
         t(i32, (n, 2 * m_tiles), (2 * m_tiles, 1), 4),
         cutlass.Float32(0.0),
@@ -137,7 +135,6 @@ def sparse_fake_args(config: DecodeSparseStepConfig, n=None):
     from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
 
     bf16, u8, f32, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int32
-    f16 = cutlass.Float16
     fp8 = cutlass.Float8E4M3FN
     n = fake.sym() if n is None else n
     h, s_q = config.decode.heads, config.s_q
@@ -157,7 +154,7 @@ def sparse_fake_args(config: DecodeSparseStepConfig, n=None):
         t(f32, (slots,), (1,), 4),
         t(i32, (fake.sym(), 8), (8, 1), 16),
         t(i32, (n, s_q), (s_q, 1), 4),
-        t(f16, (splits, h, CONTENT_DIM), (h * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        t(f32, (splits, h, CONTENT_DIM), (h * CONTENT_DIM, CONTENT_DIM, 1), 16),
         t(f32, (splits, h), (h, 1), 4),
         t(i32, (n, s_q, 2 * m_tiles), (s_q * 2 * m_tiles, 2 * m_tiles, 1), 4),
         cutlass.Float32(0.0),

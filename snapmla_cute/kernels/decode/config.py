@@ -118,7 +118,7 @@ class DecodeConfig:
     # the e4m3 content chain of QK issued this many times (timing only: 2 is the tensor and
     # shared-memory work of a query kept as two e4m3 terms, hi + lo, without its extra tile)
     qk_content_passes: int = 1
-    # %globaltimer stamps of each CTA's milestones at the end of the partials
+    # %globaltimer stamps of each CTA's milestones at the end of the fp32 partials
     # (``trace.trace_words``, ``trace.TRACE_EVENTS``; ``profiles/experiments/trace_small.py``)
     trace: bool = False
     # SM clock stamps of each consumer WG's first owned blocks, of the producer's stage

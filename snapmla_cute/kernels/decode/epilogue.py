@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, Float32, Int32
+from cutlass import BFloat16, Float32, Int32
 
 from snapmla_cute.kernels import ptx
 import cutlass.pipeline as pipeline
@@ -81,7 +81,7 @@ class Epilogue:
         if n_splits == 1:
             self.store_tile(acc_o_mn, c_o_mn, inv, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf)
         else:
-            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float16, m_tile, wg, wg_tidx, buf)
+            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
 
     @cute.jit
     def cluster_epilogue(self, io, pv_mma_rs, acc_o_mn, state, m_tile, req, any_blocks, wg, wg_tidx, kv_addr,

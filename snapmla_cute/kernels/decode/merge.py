@@ -4,7 +4,7 @@ The launch is cooperative, so every part's CTA is resident and a CTA may wait fo
 Each split of a request counts itself (``counters``) once its partial result is written.
 Splits 0..n-2 process their request last in their part; they, and the idle parts the plan
 sends to help, wait for the count and merge a share of its rows each: lse = max + log Σ
-exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s (the partials O_s bf16, summed in fp32). A request of at most
+exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s. A request of at most
 ``DecodeConfig.merge_few`` splits merges batched (a thread per row for the LSE, several 8-dim
 items per thread with all their splits' loads issued together); more splits merge a warp per
 row and an item per thread at a time. The last split processes the request first in its
@@ -16,7 +16,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import BFloat16, Float16, Float32, Int32
+from cutlass import BFloat16, Float32, Int32
 
 from snapmla_cute.format import CONTENT_DIM
 from snapmla_cute.kernels import ptx
@@ -164,7 +164,7 @@ class Merger:
                     # MERGE_BATCH splits' loads issued together (predicated), then added in
                     # split order: as a plain loop, ptxas waited for each load in turn
                     for sp0 in cutlass.range(g, n_splits, G * MERGE_BATCH, unroll=1):
-                        src = [cute.make_rmem_tensor((8,), Float16) for _ in range(MERGE_BATCH)]
+                        src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
                         ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
                         for u in cutlass.range_constexpr(MERGE_BATCH):
                             sp = sp0 + u * G
@@ -174,7 +174,7 @@ class Merger:
                                 ws[u] = s_w[lr, sp]
                                 cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src[u])
                         for u in cutlass.range_constexpr(MERGE_BATCH):
-                            acc.store(acc.load() + src[u].load().to(Float32) * ws[u])
+                            acc.store(acc.load() + src[u].load() * ws[u])
                 if G == 1:
                     res = cute.make_rmem_tensor((8,), BFloat16)
                     res.store(acc.load().to(BFloat16))
@@ -246,7 +246,7 @@ class Merger:
         PER_ROW = CONTENT_DIM // 8
         T = roles.PAIR_THREADS
         for it0 in cutlass.range(ctid, n_items, T * IB, unroll=1):
-            src = [cute.make_rmem_tensor((8,), Float16) for _ in range(MERGE_BATCH)]
+            src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
             ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
             for k in cutlass.range_constexpr(IB):
                 it = it0 + k * T
@@ -272,7 +272,7 @@ class Merger:
                     acc = cute.make_rmem_tensor((8,), Float32)
                     acc.fill(0.0)
                     for u in cutlass.range_constexpr(F):
-                        acc.store(acc.load() + src[k * F + u].load().to(Float32) * ws[k * F + u])
+                        acc.store(acc.load() + src[k * F + u].load() * ws[k * F + u])
                     res = cute.make_rmem_tensor((8,), BFloat16)
                     res.store(acc.load().to(BFloat16))
                     cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))

@@ -64,7 +64,7 @@ class DecodeStepKernel:
         m_kv_scale: cute.Tensor,  # fp32 [pages, page_size]
         m_sched: cute.Tensor,  # int32 [parts, 8]
         m_split_heads: cute.Tensor,  # int32 [b]: the first b of split_offsets' b + 1 entries
-        m_o_partial: cute.Tensor,  # bf16 [splits, R, 512]
+        m_o_partial: cute.Tensor,  # fp32 [splits, R, 512]
         m_lse_partial: cute.Tensor,  # fp32 [splits, R]
         m_counters: cute.Tensor,  # int32 [b, 2 * m_tiles], zero between calls
         scale_log2: cutlass.Float32,
@@ -211,7 +211,7 @@ class DecodeSparseStepKernel:
         m_kv_scale: cute.Tensor,  # fp32 [slots]
         m_sched: cute.Tensor,  # int32 [parts, 8]
         m_split_heads: cute.Tensor,  # int32 [b, s_q]: the first b·s_q of split_offsets' b·s_q + 1
-        m_o_partial: cute.Tensor,  # bf16 [splits, h, 512]
+        m_o_partial: cute.Tensor,  # fp32 [splits, h, 512]
         m_lse_partial: cute.Tensor,  # fp32 [splits, h]
         m_counters: cute.Tensor,  # int32 [b, s_q, 2 * m_tiles], zero between calls
         scale_log2: cutlass.Float32,

@@ -1,5 +1,5 @@
 """Profiling stamps of the decode kernel (``DecodeConfig.trace`` / ``trace_loop``; never set
-by the library). The stamps overwrite the end of the partials, so a traced call's
+by the library). The stamps overwrite the end of the fp32 partials, so a traced call's
 split requests come out wrong; the scripts in ``profiles/experiments`` read them back.
 
 * ``trace``: %globaltimer (low 32 bits) at each CTA's milestones, one row of
@@ -59,10 +59,9 @@ class Tracer:
 
     def _rows(self, m_o_partial, m_sched, words_from_end: int, words: int):
         """Int32 (CTAs, words) starting ``CTAs·words_from_end`` words before the end of the
-        partials (a slab of a few heads is smaller than the rows)."""
+        fp32 partials (a slab of a few heads is smaller than the rows)."""
         ctas = self.cfg.m_tiles * m_sched.shape[0]
-        per_word = 32 // m_o_partial.element_type.width  # partial elements per int32 word
-        start = m_o_partial.shape[2] * self.cfg.rows * CONTENT_DIM - ctas * words_from_end * per_word
+        start = m_o_partial.shape[2] * self.cfg.rows * CONTENT_DIM - ctas * words_from_end
         return cute.make_tensor(
             cute.recast_ptr(m_o_partial.iterator + start, dtype=Int32),
             cute.make_layout((ctas, words), stride=(words, 1)),
