@@ -37,7 +37,7 @@ PLAN_WORDS = 16
 # traps (the launch fails with an error): a correct wait lasts at most one part's work.
 MERGE_WAIT_LIMIT_NS = 4_000_000_000
 # The merge's scratch in the (idle) KV stages: final LSEs at 0, the group sums at 1024, the
-# splits' weights at MERGE_W_OFFSET, (64 rows, 2 halves, MERGE_MAX_SPLITS) floats. A request has at
+# splits' weights at MERGE_W_OFFSET, (64 rows, MERGE_MAX_SPLITS) floats. A request has at
 # most num_parts <= SMs splits.
 MERGE_W_OFFSET = 16384
 MERGE_MAX_SPLITS = 160
