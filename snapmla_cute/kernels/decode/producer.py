@@ -159,7 +159,7 @@ class Producer:
                 hq = q_prod.acquire_and_advance()
                 cute.copy(tma.q_nope[0], tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
                 cute.copy(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
-            # ids two blocks ahead (one ahead: 3-4% slower where the gather binds, the ids'
+            # ids two blocks ahead (one ahead: 2-4% slower where the gather binds, the ids'
             # load latency then on the producer's path; three: no better than two)
             own = warp * per_warp + lane
             nxt = self.gather_id(m_indices, req, blk_lo * L.BLOCK_N + own, seqlen, num_slots, lane < per_warp)
@@ -167,7 +167,8 @@ class Producer:
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 slot = nxt
                 nxt = nxt2
-                # past the list gather_id gives OOB_PAGE (never read), so no bound test here
+                # no bound test: ids past the part's end (inside the list) are loaded and
+                # unused; past the list gather_id loads nothing (OOB_PAGE)
                 nxt2 = self.gather_id(m_indices, req, (blk + 2) * L.BLOCK_N + own, seqlen, num_slots, lane < per_warp)
                 stage = ring.wait_free(g)
                 self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
