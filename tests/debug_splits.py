@@ -1,4 +1,4 @@
-"""GPU debug: compare the kernel's split partials with the emulation of the same blocks."""
+"""GPU debug: compare the kernel's fp32 split partials with the emulation of the same blocks."""
 
 import sys
 
@@ -32,13 +32,8 @@ for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
         o, l_ = ref._decode_one(q_codes[0].reshape(128, 576), q_scale[0].reshape(128), kq, torch.full((128,), hi - lo, device="cuda"), ref.default_softmax_scale(), "hopper")
         n_splits = offsets[1] - offsets[0]
         if n_splits > 1:
-            # the kernel's partial row: o/ℓ·f as f16 in the buffer's first half, 1/f in its second
-            S, R = md.o_partial.shape[:2]
-            flat = md.o_partial.view(-1)
-            row16 = flat.view(torch.float16)[(offsets[0] + split) * R * 512:][: R * 512].view(R, 512)
-            inv_f = flat[S * R * 256 + (offsets[0] + split) * R:][:R]
-            got = row16.float() * inv_f[:, None]
+            got = md.o_partial[offsets[0] + split]
             errs.append((hi - lo, ref.rel_l2(got, o), ref.lse_max_abs(md.lse_partial[offsets[0] + split], l_)))
     full_emu = ref.mla_decode_emulated(c["q"], (kv, ks), c["block_table"], c["cache_seqlens"])
-    print(f"L={L} parts={parts}: splits(tokens, relL2, lse)={[(a, f'{b:.1e}', f'{d:.1e}') for a, b, d in errs][:6]} "
+    print(f"L={L} parts={parts}: splits(tokens, fp32 relL2, lse)={[(a, f'{b:.1e}', f'{d:.1e}') for a, b, d in errs][:6]} "
           f"final vs emu={ref.rel_l2(out.float(), full_emu[0]):.2e} vs emu-bf16={ref.rel_l2(out.float(), full_emu[0].bfloat16().float()):.2e}", flush=True)

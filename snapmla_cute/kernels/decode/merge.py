@@ -4,7 +4,7 @@ The launch is cooperative, so every part's CTA is resident and a CTA may wait fo
 Each split of a request counts itself (``counters``) once its partial result is written.
 Splits 0..n-2 process their request last in their part; they, and the idle parts the plan
 sends to help, wait for the count and merge a share of its rows each: lse = max + log Σ
-exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s (the partials O_s bf16, summed in fp32). A request of at most
+exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s. A request of at most
 ``DecodeConfig.merge_few`` splits merges batched (a thread per row for the LSE, several 8-dim
 items per thread with all their splits' loads issued together); more splits merge a warp per
 row and an item per thread at a time. The last split processes the request first in its
@@ -16,7 +16,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import BFloat16, Float16, Float32, Int32
+from cutlass import BFloat16, Float32, Int32
 
 from snapmla_cute.format import CONTENT_DIM
 from snapmla_cute.kernels import ptx
@@ -46,8 +46,7 @@ class Merger:
         request's first split row; ``n_mergers`` share the rows; ``ctid``: 0..255 over both
         consumer WGs."""
         cfg = self.cfg
-        m_out, m_lse, m_lse_partial, m_counters = io.out, io.lse, io.lse_partial, io.counters
-        m_o_partial, m_scales = self.partial_views(io, req)  # f16 rows and each row's 1/f
+        m_out, m_lse, m_o_partial, m_lse_partial, m_counters = io.out, io.lse, io.o_partial, io.lse_partial, io.counters
         ctid = ptx.launder(ctid, req)  # its index math is not hoisted into the block loop (spills)
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
         cnt_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile), m_counters.layout)
@@ -96,16 +95,13 @@ class Merger:
                     # a thread per row, its splits' loads issued together (rows <= 64 < threads)
                     if ctid < nrows:
                         self.few_split_lse(
-                            m_tile, req, r0 + ctid, ctid, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse
+                            m_tile, req, r0 + ctid, ctid, first, n_splits, m_lse, m_lse_partial, s_w, s_lse
                         )
             for lr in cutlass.range(warp, warp_rows, roles.PAIR_THREADS // 32, unroll=1):
                 row = m_tile * L.M_TILE + r0 + lr
                 lse_max = -Float32.inf
-                sc_first = Float32(0.0)  # a lane's first split's 1/f, loaded beside its LSE
                 for sp in cutlass.range(lane, n_splits, 32, unroll=1):
                     v = m_lse_partial[row, first + sp]
-                    if sp < 32:
-                        sc_first = m_scales[row, first + sp]
                     s_w[lr, sp] = v
                     lse_max = cute.arch.fmax(lse_max, v)
                 lse_max = cute.arch.warp_reduction_max(lse_max)
@@ -121,10 +117,7 @@ class Merger:
                     w = Float32(0.0)
                     if lse != -Float32.inf:
                         w = cute.math.exp(s_w[lr, sp] - lse)
-                    sc = sc_first
-                    if sp >= 32:
-                        sc = m_scales[row, first + sp]
-                    s_w[lr, sp] = w * sc
+                    s_w[lr, sp] = w
                 if lane == 0:
                     s_lse[lr] = lse
                     m_lse[req, row % cfg.heads, row // cfg.heads] = lse
@@ -171,7 +164,7 @@ class Merger:
                     # MERGE_BATCH splits' loads issued together (predicated), then added in
                     # split order: as a plain loop, ptxas waited for each load in turn
                     for sp0 in cutlass.range(g, n_splits, G * MERGE_BATCH, unroll=1):
-                        src = [cute.make_rmem_tensor((8,), Float16) for _ in range(MERGE_BATCH)]
+                        src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
                         ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
                         for u in cutlass.range_constexpr(MERGE_BATCH):
                             sp = sp0 + u * G
@@ -181,7 +174,7 @@ class Merger:
                                 ws[u] = s_w[lr, sp]
                                 cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src[u])
                         for u in cutlass.range_constexpr(MERGE_BATCH):
-                            acc.store(acc.load() + src[u].load().to(Float32) * ws[u])
+                            acc.store(acc.load() + src[u].load() * ws[u])
                 if G == 1:
                     res = cute.make_rmem_tensor((8,), BFloat16)
                     res.store(acc.load().to(BFloat16))
@@ -214,20 +207,17 @@ class Merger:
                     m_counters[req, 2 * m_tile + 1] = 0
 
     @cute.jit
-    def few_split_lse(self, m_tile, req, share_row, lr, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse):
+    def few_split_lse(self, m_tile, req, share_row, lr, first, n_splits, m_lse, m_lse_partial, s_w, s_lse):
         """The final LSE of one row of a request of at most ``merge_few`` splits and its
         splits' weights exp(lse_s - lse), by one thread."""
         cfg = self.cfg
         F = cfg.merge_few
         row = m_tile * L.M_TILE + share_row
         v = cute.make_rmem_tensor((F,), Float32)
-        sc = cute.make_rmem_tensor((F,), Float32)
         for u in cutlass.range_constexpr(F):
             v[u] = -Float32.inf
-            sc[u] = Float32(0.0)
             if u < n_splits:
                 v[u] = m_lse_partial[row, first + u]
-                sc[u] = m_scales[row, first + u]
         lse_max = v[0]
         for u in cutlass.range_constexpr(1, F):
             lse_max = cute.arch.fmax(lse_max, v[u])
@@ -241,7 +231,7 @@ class Merger:
             w = Float32(0.0)
             if lse != -Float32.inf:
                 w = cute.math.exp(v[u] - lse)
-            s_w[lr, u] = w * sc[u]
+            s_w[lr, u] = w
         s_lse[lr] = lse
         m_lse[req, row % cfg.heads, row // cfg.heads] = lse
 
@@ -256,7 +246,7 @@ class Merger:
         PER_ROW = CONTENT_DIM // 8
         T = roles.PAIR_THREADS
         for it0 in cutlass.range(ctid, n_items, T * IB, unroll=1):
-            src = [cute.make_rmem_tensor((8,), Float16) for _ in range(MERGE_BATCH)]
+            src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
             ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
             for k in cutlass.range_constexpr(IB):
                 it = it0 + k * T
@@ -282,7 +272,7 @@ class Merger:
                     acc = cute.make_rmem_tensor((8,), Float32)
                     acc.fill(0.0)
                     for u in cutlass.range_constexpr(F):
-                        acc.store(acc.load() + src[k * F + u].load().to(Float32) * ws[k * F + u])
+                        acc.store(acc.load() + src[k * F + u].load() * ws[k * F + u])
                     res = cute.make_rmem_tensor((8,), BFloat16)
                     res.store(acc.load().to(BFloat16))
                     cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
