@@ -1,4 +1,4 @@
-"""GPU debug: compare the kernel's fp32 split partials with the emulation of the same blocks."""
+"""GPU debug: compare the kernel's split partials with the emulation of the same blocks."""
 
 import sys
 
@@ -9,6 +9,7 @@ from decode_cases import build_case  # noqa: E402
 
 from snapmla_cute import decode_metadata, mla_decode  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
+from snapmla_cute.kernels.decode import DecodeConfig  # noqa: E402
 from snapmla_cute.kernels.decode_scheduler import schedule_reference  # noqa: E402
 
 for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
@@ -32,8 +33,15 @@ for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
         o, l_ = ref._decode_one(q_codes[0].reshape(128, 576), q_scale[0].reshape(128), kq, torch.full((128,), hi - lo, device="cuda"), ref.default_softmax_scale(), "hopper")
         n_splits = offsets[1] - offsets[0]
         if n_splits > 1:
-            got = md.o_partial[offsets[0] + split]
+            slot = md.o_partial[offsets[0] + split]  # fp32 (R, 512)
+            if n_splits <= DecodeConfig(heads=128, s_q=1, page_size=64, causal=False).merge_few:
+                # o/ℓ·f as f16 in the slot's first half, then 1/f per row
+                R = slot.shape[0]
+                flat = slot.reshape(-1)
+                got = flat[: R * 256].view(torch.float16).view(R, 512).float() * flat[R * 256:][:R, None]
+            else:
+                got = slot
             errs.append((hi - lo, ref.rel_l2(got, o), ref.lse_max_abs(md.lse_partial[offsets[0] + split], l_)))
     full_emu = ref.mla_decode_emulated(c["q"], (kv, ks), c["block_table"], c["cache_seqlens"])
-    print(f"L={L} parts={parts}: splits(tokens, fp32 relL2, lse)={[(a, f'{b:.1e}', f'{d:.1e}') for a, b, d in errs][:6]} "
+    print(f"L={L} parts={parts}: splits(tokens, relL2, lse)={[(a, f'{b:.1e}', f'{d:.1e}') for a, b, d in errs][:6]} "
           f"final vs emu={ref.rel_l2(out.float(), full_emu[0]):.2e} vs emu-bf16={ref.rel_l2(out.float(), full_emu[0].bfloat16().float()):.2e}", flush=True)

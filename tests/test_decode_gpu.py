@@ -500,6 +500,34 @@ def test_few_split_merge(seed, h, k):
     assert torch.all(md.counters == 0)
 
 
+@pytest.mark.parametrize("magnitude", [2.0**20, 2.0**-20])
+def test_split_partials_at_extreme_magnitudes(seed, magnitude):
+    """A request of at most ``merge_few`` splits keeps its partials as f16, each row scaled
+    by a power of two: KV values times 2^20 (outputs ~1e5, past f16's 65504) or 2^-20
+    (~1e-7, below its normal range) with the scores unchanged (the softmax scale divided by
+    the same), every request split so: the output is the emulation's, as close as at
+    ordinary magnitudes."""
+    b, h = 4, 64
+    lens = [4096, 4000, 2500, 700]
+    c = build_case(b, 1, h, 64, lens, seed=seed)
+    c["cache"].kv_scale.mul_(magnitude)  # K and V (content, and RoPE stored over the scale) scale with it
+    c["k_pages"] = c["k_pages"] * magnitude  # exact: a power of two
+    scale = ref.default_softmax_scale() / magnitude
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=16)
+    md.cluster = 1  # the merge through global memory
+    md.o_partial.fill_(float("nan"))
+    out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], softmax_scale=scale, metadata=md)
+    splits = md.split_offsets.diff()[:b].cpu()
+    assert splits.min() >= 2 and splits.max() <= MERGE_FEW, splits.tolist()
+    (ox, lx), (oe, le) = references(c, False, scale)
+    got = out.float()
+    assert torch.isfinite(got).all() and torch.isfinite(lse).all()
+    assert got.abs().max() > 1e4 if magnitude > 1 else got.abs().max() < 1e-5
+    assert ref.rel_l2(got, oe.bfloat16().float()) <= EMU_REL
+    assert ref.lse_max_abs(lse, le) <= EMU_LSE
+    assert ref.rel_l2(got, ox) <= EXACT_REL
+
+
 @pytest.mark.parametrize("batch", [32, 33])
 def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
     """Batches of at most 32 requests plan with one warp's shuffle scans, larger ones with

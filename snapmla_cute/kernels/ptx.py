@@ -146,3 +146,22 @@ def mbar_try_wait_cluster(smem_addr: Int32, phase: Int32, *, loc=None, ip=None) 
         "=r,r,r,~{memory}", loc, ip,
     )
     return Int32(res)
+
+
+@dsl_user_op
+def pow2_normalizer(amax, *, loc=None, ip=None):
+    """(f, 1/f), powers of two, for a magnitude ``amax`` >= 0: amax·f in [2^14, 2^15), so
+    f16 holds it and everything down to 2^-24 of it with full precision (f at most 2^126,
+    so 1/f is a normal float; amax = 0 gives 2^126, inf or NaN 2^-114). From the exponent
+    bits: x = min(268 - e, 253), f = 2^(x - 127), 1/f = 2^(127 - x)."""
+    from cutlass import Float32
+
+    res = _asm(
+        llvm.StructType.get_literal([_T.f32(), _T.f32()]),
+        [Float32(amax).ir_value(loc=loc, ip=ip)],
+        "{ .reg .b32 e, x; mov.b32 e, $2; shr.u32 e, e, 23; and.b32 e, e, 255; sub.s32 x, 268, e; "
+        "min.s32 x, x, 253; shl.b32 $0, x, 23; sub.s32 x, 254, x; shl.b32 $1, x, 23; }",
+        "=f,=f,f",
+        loc, ip,
+    )
+    return tuple(Float32(llvm.extractvalue(_T.f32(), res, [k], loc=loc, ip=ip)) for k in range(2))

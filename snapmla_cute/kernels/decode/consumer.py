@@ -194,10 +194,10 @@ class Consumer:
                                           kv_addr, smem.cl_mbar_addr())
                 else:
                     self.epilogue(io, mmas.pv_rs, tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0,
-                                  wg, wg_tidx, kv_addr)
+                                  wg, wg_tidx, kv_addr, smem.storage.amax.data_ptr().toint())
             else:
                 self.epilogue(io, mmas.pv_rs, tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0, wg,
-                              wg_tidx, kv_addr)
+                              wg_tidx, kv_addr, smem.storage.amax.data_ptr().toint())
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("epilogue_done", wg)
             if n_splits > 1:

@@ -1,7 +1,8 @@
 """Role: a consumer warpgroup's 256 output dims of a request, normalized, out to global memory.
 
-o/ℓ per row, as bf16 into ``out`` (a request the part holds whole) or as fp32 into its
-split's partial row (a split request, merged later by ``merge``), with the LSE; or, in the
+o/ℓ per row, as bf16 into ``out`` (a request the part holds whole) or into its split's
+partial row (a split request, merged later by ``merge``: f16 with a power-of-two scale per
+row up to ``merge_few`` splits, ``partial_views``; fp32 past them), with the LSE; or, in the
 cluster plan, exchanged with the cluster's other CTAs through distributed shared memory and
 merged there (``cluster_epilogue``). Each warp stages its rows through a 1 KB shared buffer
 so the stores leave as 16-byte accesses covering whole 128-byte lines.
@@ -13,11 +14,12 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32
+from cutlass import BFloat16, Float16, Float32, Int32
 
 from snapmla_cute.kernels import ptx
 import cutlass.pipeline as pipeline
 
+from snapmla_cute.kernels.decode.softmax import tree
 from snapmla_cute.kernels.decode.config import (
     EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS,
 )
@@ -30,7 +32,8 @@ from snapmla_cute.pipelines.handshakes import ClusterExchange
 @dataclass(frozen=True)
 class DecodeOutputs:
     """Where results go: ``out`` bf16 (R, 512, b) and ``lse`` fp32 (b, h, s_q); a split
-    request's fp32 partials ``o_partial`` (R, 512, splits) and ``lse_partial`` (R, splits);
+    request's partials ``o_partial`` (R, 512, splits; fp32, or f16 and scales in the same
+    slots: ``Epilogue.partial_views``) and ``lse_partial`` (R, splits);
     ``counters`` int32 (b, 2·m_tiles): splits counted and mergers done per (request, m-tile)."""
 
     out: object
@@ -45,9 +48,10 @@ class Epilogue:
 
     @cute.jit
     def epilogue(self, io, pv_mma_rs, acc_o_mn, state, m_tile, req, split_row, n_splits, any_blocks, wg, wg_tidx,
-                 kv_addr):
+                 kv_addr, amax_addr):
         """This WG's 256 output columns, normalized by ℓ: bf16 into ``out`` (an unsplit
-        request) or fp32 into its split's partial row; and the LSE. ``state``: (m, σ_p, ℓ)."""
+        request) or into its split's partial row (f16 and a scale, or fp32); and the LSE.
+        ``state``: (m, σ_p, ℓ); ``amax_addr``: the two WGs' row maxima (shared)."""
         cfg = self.cfg
         row_max, sigma_p, row_sum = state
         # this thread's coordinates from a laundered index: derived from the thread index
@@ -80,8 +84,58 @@ class Epilogue:
         buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES  # storage.epi (checked at launch)
         if n_splits == 1:
             self.store_tile(acc_o_mn, c_o_mn, inv, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf)
+        elif n_splits <= cfg.merge_few:
+            # few splits (many requests: the partials' traffic counts) as f16, each row
+            # normalized by a power of two (its largest |value| to [2^14, 2^15)) with 1/f
+            # kept beside it: half fp32's bytes, f16's 11 bits against e4m3's 4 in V, and
+            # no range limit (a bf16 partial's 8 bits, rounded twice, failed the
+            # emulation's tolerance). Both WGs' maxima meet in shared memory, so the
+            # merge keeps one weight per split. More splits (small batches, where the
+            # exchange's two barriers cost more than the bytes) stay fp32.
+            o16, scales = self.partial_views(io, req)
+            post = cute.make_rmem_tensor((rows_per_thr,), Float32)
+            s_amax = cute.make_tensor(cute.make_ptr(Float32, amax_addr, cute.AddressSpace.smem, assumed_align=16),
+                                      cute.make_layout((L.M_TILE, 2), stride=(1, L.M_TILE)))
+            pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
+            pair.arrive_and_wait()  # the other WG is done reading s_amax (its previous split)
+            for i in cutlass.range_constexpr(rows_per_thr):
+                amax = tree([cute.arch.fmax(acc_o_mn[h][i, j], -acc_o_mn[h][i, j]) for h in range(PV_SPLITS)
+                             for j in range(cute.size(c_o_mn, mode=[1]))], cute.arch.fmax) * inv[i]
+                for off in (1, 2):  # the quad holding the row
+                    amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=off))
+                post[i] = amax
+                if wg_tidx % 4 == 0:
+                    s_amax[c_o_mn[i, 0][0], wg] = amax
+            pair.arrive_and_wait()
+            for i in cutlass.range_constexpr(rows_per_thr):
+                f, inv_f = ptx.pow2_normalizer(cute.arch.fmax(post[i], s_amax[c_o_mn[i, 0][0], 1 - wg]))
+                post[i] = f
+                row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
+                if row < cfg.rows and wg == 0 and wg_tidx % 4 == 0:
+                    scales[row, split_row] = inv_f
+            self.store_tile(acc_o_mn, c_o_mn, inv, o16, split_row, Float16, m_tile, wg, wg_tidx, buf, post=post)
         else:
             self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
+
+    def partial_views(self, io, dep):
+        """A split's partial slot (fp32 (R, 512) of ``o_partial``) in the f16 format of a
+        request of at most ``merge_few`` splits: its first half o/ℓ·f as f16 (R, 512), then
+        1/f per row (fp32). Each split keeps its own slot, so requests of either format
+        share the buffer. Returns (f16 (R, 512, splits), fp32 (R, splits))."""
+        part = io.o_partial
+        R, _, _ = part.shape
+        st = part.layout.stride
+        o16 = cute.make_tensor(
+            cute.recast_ptr(part.iterator, dtype=Float16),
+            cute.make_layout(part.shape, stride=(st[0], st[1], 2 * st[2])),
+        )
+        # the scales' offset laundered by ``dep`` (the request): computed before the block
+        # loop, ptxas kept it live there
+        scales = cute.make_tensor(
+            part.iterator + ptx.launder(Int32(R * st[0] // 2), dep),
+            cute.make_layout((R, part.shape[2]), stride=(1, st[2])),
+        )
+        return o16, scales
 
     @cute.jit
     def cluster_epilogue(self, io, pv_mma_rs, acc_o_mn, state, m_tile, req, any_blocks, wg, wg_tidx, kv_addr,
@@ -213,10 +267,10 @@ class Epilogue:
 
     @cute.jit
     def store_tile(self, acc_o_mn, c_o_mn, inv, m_dst, idx, dtype: cutlass.Constexpr, m_tile, wg, wg_tidx, buf,
-                   owner_rank=None):
-        """o·inv (per row) as ``dtype`` into ``m_dst[row, wg's columns, idx]`` through a
-        1 KB shared buffer per warp (8 rows x 128 bytes; ``owner_rank``: only the rows that
-        cluster rank owns): a warp's accumulator holds 16
+                   owner_rank=None, post=None):
+        """o·inv (per row; then ·post, per row, where given) as ``dtype`` into ``m_dst[row,
+        wg's columns, idx]`` through a 1 KB shared buffer per warp (8 rows x 128 bytes;
+        ``owner_rank``: only the rows that cluster rank owns): a warp's accumulator holds 16
         rows, 8 per pass (lane // 4, plus 8 in the second). Pairs of columns go to shared
         memory (16-byte units XOR-swizzled by row: no bank conflicts either way) and leave
         as 16-byte stores covering whole 128-byte lines. Stored straight from the
@@ -243,8 +297,12 @@ class Epilogue:
                         lc = c_o_mn[i, j][1] - ch * chunk_cols
                         sc = ((lc // per_unit) ^ lr) * per_unit + lc % per_unit
                         pair = cute.make_rmem_tensor((2,), dtype)
-                        pair[0] = (acc_o_mn[h][i, j] * inv[i]).to(dtype)
-                        pair[1] = (acc_o_mn[h][i, j + 1] * inv[i]).to(dtype)
+                        if cutlass.const_expr(post is None):
+                            pair[0] = (acc_o_mn[h][i, j] * inv[i]).to(dtype)
+                            pair[1] = (acc_o_mn[h][i, j + 1] * inv[i]).to(dtype)
+                        else:
+                            pair[0] = (acc_o_mn[h][i, j] * inv[i] * post[i]).to(dtype)
+                            pair[1] = (acc_o_mn[h][i, j + 1] * inv[i] * post[i]).to(dtype)
                         cute.autovec_copy(pair, cute.local_tile(s_buf[lr, None], (2,), (sc // 2,)))
                     cute.arch.sync_warp()
                     # the first row of this pass: the warp's 16-row slab, then 8 more

@@ -4,11 +4,12 @@ The launch is cooperative, so every part's CTA is resident and a CTA may wait fo
 Each split of a request counts itself (``counters``) once its partial result is written.
 Splits 0..n-2 process their request last in their part; they, and the idle parts the plan
 sends to help, wait for the count and merge a share of its rows each: lse = max + log Σ
-exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s. A request of at most
+exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s, summed in fp32. A request of at most
 ``DecodeConfig.merge_few`` splits merges batched (a thread per row for the LSE, several 8-dim
-items per thread with all their splits' loads issued together); more splits merge a warp per
-row and an item per thread at a time. The last split processes the request first in its
-part and goes on. The last merger resets the counters for the next call.
+items per thread with all their splits' loads issued together) from f16 partials with a
+power-of-two scale per row (``Epilogue.partial_views``; the scale folds into the split's
+weight); more splits merge fp32 partials, a warp per row and an item per thread at a time.
+The last split processes the request first in its part and goes on. The last merger resets the counters for the next call.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import BFloat16, Float32, Int32
+from cutlass import BFloat16, Float16, Float32, Int32
 
 from snapmla_cute.format import CONTENT_DIM
 from snapmla_cute.kernels import ptx
@@ -94,8 +95,9 @@ class Merger:
                     warp_rows = 0
                     # a thread per row, its splits' loads issued together (rows <= 64 < threads)
                     if ctid < nrows:
+                        _, m_scales = self.partial_views(io, req)
                         self.few_split_lse(
-                            m_tile, req, r0 + ctid, ctid, first, n_splits, m_lse, m_lse_partial, s_w, s_lse
+                            m_tile, req, r0 + ctid, ctid, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse
                         )
             for lr in cutlass.range(warp, warp_rows, roles.PAIR_THREADS // 32, unroll=1):
                 row = m_tile * L.M_TILE + r0 + lr
@@ -126,11 +128,15 @@ class Merger:
             # (G groups, summed through shared memory)
             n_items = nrows * (CONTENT_DIM // 8)
             G = Int32(1)
-            if n_items * 2 <= roles.PAIR_THREADS:
+            g_items = n_items
+            if cutlass.const_expr(cfg.merge_few > 0):
+                if few:
+                    g_items = Int32(roles.PAIR_THREADS)  # G = 1: the f16 partials are few_split_rows' only
+            if g_items * 2 <= roles.PAIR_THREADS:
                 G = 2
-            if n_items * 4 <= roles.PAIR_THREADS:
+            if g_items * 4 <= roles.PAIR_THREADS:
                 G = 4
-            if n_items * 8 <= roles.PAIR_THREADS:
+            if g_items * 8 <= roles.PAIR_THREADS:
                 G = 8
             per_g = roles.PAIR_THREADS // G
             g = ctid // per_g
@@ -140,17 +146,18 @@ class Merger:
             )
             item_end = n_items  # items merged one per thread at a time
             if cutlass.const_expr(cfg.merge_few > 0):
-                if few and G == 1:
+                if few:
                     item_end = 0
+                    o16, _ = self.partial_views(io, req)
                     # half as many splits: twice the items per thread at once
                     if n_splits <= max(1, cfg.merge_few // 2):
                         self.few_split_rows(
-                            m_tile, req, r0, first, n_splits, n_items, ctid, m_out, m_o_partial, s_w, s_lse,
+                            m_tile, req, r0, first, n_splits, n_items, ctid, m_out, o16, s_w, s_lse,
                             max(1, cfg.merge_few // 2),
                         )
                     else:
                         self.few_split_rows(
-                            m_tile, req, r0, first, n_splits, n_items, ctid, m_out, m_o_partial, s_w, s_lse,
+                            m_tile, req, r0, first, n_splits, n_items, ctid, m_out, o16, s_w, s_lse,
                             cfg.merge_few,
                         )
             for it in cutlass.range(ctid % per_g, item_end, per_g, unroll=1):
@@ -207,17 +214,20 @@ class Merger:
                     m_counters[req, 2 * m_tile + 1] = 0
 
     @cute.jit
-    def few_split_lse(self, m_tile, req, share_row, lr, first, n_splits, m_lse, m_lse_partial, s_w, s_lse):
+    def few_split_lse(self, m_tile, req, share_row, lr, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse):
         """The final LSE of one row of a request of at most ``merge_few`` splits and its
-        splits' weights exp(lse_s - lse), by one thread."""
+        splits' weights exp(lse_s - lse) times their f16 partials' 1/f, by one thread."""
         cfg = self.cfg
         F = cfg.merge_few
         row = m_tile * L.M_TILE + share_row
         v = cute.make_rmem_tensor((F,), Float32)
+        sc = cute.make_rmem_tensor((F,), Float32)
         for u in cutlass.range_constexpr(F):
             v[u] = -Float32.inf
+            sc[u] = Float32(0.0)
             if u < n_splits:
                 v[u] = m_lse_partial[row, first + u]
+                sc[u] = m_scales[row, first + u]
         lse_max = v[0]
         for u in cutlass.range_constexpr(1, F):
             lse_max = cute.arch.fmax(lse_max, v[u])
@@ -231,7 +241,7 @@ class Merger:
             w = Float32(0.0)
             if lse != -Float32.inf:
                 w = cute.math.exp(v[u] - lse)
-            s_w[lr, u] = w
+            s_w[lr, u] = w * sc[u]
         s_lse[lr] = lse
         m_lse[req, row % cfg.heads, row // cfg.heads] = lse
 
@@ -239,14 +249,14 @@ class Merger:
     def few_split_rows(
         self, m_tile, req, r0, first, n_splits, n_items, ctid, m_out, m_o_partial, s_w, s_lse, F: cutlass.Constexpr
     ):
-        """out rows of a request of at most ``F`` splits: items (row, 8 dims),
-        ``MERGE_BATCH // F`` per thread with all their splits' loads issued together, then
-        added in split order."""
+        """out rows of a request of at most ``F`` splits (``m_o_partial``: its f16 partials,
+        the scales already in ``s_w``): items (row, 8 dims), ``MERGE_BATCH // F`` per thread
+        with all their splits' loads issued together, then added in split order."""
         IB = MERGE_BATCH // F
         PER_ROW = CONTENT_DIM // 8
         T = roles.PAIR_THREADS
         for it0 in cutlass.range(ctid, n_items, T * IB, unroll=1):
-            src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
+            src = [cute.make_rmem_tensor((8,), Float16) for _ in range(MERGE_BATCH)]
             ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
             for k in cutlass.range_constexpr(IB):
                 it = it0 + k * T
@@ -272,7 +282,7 @@ class Merger:
                     acc = cute.make_rmem_tensor((8,), Float32)
                     acc.fill(0.0)
                     for u in cutlass.range_constexpr(F):
-                        acc.store(acc.load() + src[k * F + u].load() * ws[k * F + u])
+                        acc.store(acc.load() + src[k * F + u].load().to(Float32) * ws[k * F + u])
                     res = cute.make_rmem_tensor((8,), BFloat16)
                     res.store(acc.load().to(BFloat16))
                     cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))

@@ -37,6 +37,7 @@ def shared_storage(cfg, threads: int, scale_stride: int, n_scale: int, q_nope_sl
         state: cute.struct.Align[cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE], 16]
         plan: cute.struct.MemRange[Int32, PLAN_WORDS]
         scan: cute.struct.MemRange[Int32, threads // 32]
+        amax: cute.struct.Align[cute.struct.MemRange[Float32, 2 * L.M_TILE], 16]  # epilogue: split rows' max |o/ℓ|
         k_scale: cute.struct.Align[cute.struct.MemRange[Float32, scale_stride * n_scale * stages], 128]
         q_nope: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(q_nope_sl)], 1024]
         q_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_rope_sl)], 1024]
