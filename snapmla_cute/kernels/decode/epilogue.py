@@ -84,9 +84,7 @@ class Epilogue:
         buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES  # storage.epi (checked at launch)
         if n_splits == 1:
             self.store_tile(acc_o_mn, c_o_mn, inv, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf)
-        elif n_splits > cfg.merge_few:
-            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
-        else:
+        elif n_splits <= cfg.merge_few:
             # few splits (many requests: the partials' traffic counts) as f16, each row
             # normalized by a power of two (its largest |value| to [2^14, 2^15)) with 1/f
             # kept beside it: half fp32's bytes, f16's 11 bits against e4m3's 4 in V, and
@@ -116,6 +114,8 @@ class Epilogue:
                 if row < cfg.rows and wg == 0 and wg_tidx % 4 == 0:
                     scales[row, split_row] = inv_f
             self.store_tile(acc_o_mn, c_o_mn, inv, o16, split_row, Float16, m_tile, wg, wg_tidx, buf, post=post)
+        else:
+            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
 
     def partial_views(self, io, dep):
         """A split's partial slot (fp32 (R, 512) of ``o_partial``) in the f16 format of a
