@@ -90,8 +90,9 @@ class Epilogue:
             # kept beside it: half fp32's bytes, f16's 11 bits against e4m3's 4 in V, and
             # no range limit (a bf16 partial's 8 bits, rounded twice, failed the
             # emulation's tolerance). Both WGs' maxima meet in shared memory, so the
-            # merge keeps one weight per split. More splits (small batches, where the
-            # exchange's two barriers cost more than the bytes) stay fp32.
+            # merge keeps one weight per split. More splits (small batches, where a
+            # partial's latency counts, not its bytes; one-block splits were no faster
+            # as f16) stay fp32.
             o16, scales = self.partial_views(io, req)
             post = cute.make_rmem_tensor((rows_per_thr,), Float32)
             s_amax = cute.make_tensor(cute.make_ptr(Float32, amax_addr, cute.AddressSpace.smem, assumed_align=16),
