@@ -303,7 +303,7 @@ def default_num_parts(batch: int, m_tiles: int, num_sms: int) -> int:
     """CTAs per query tile. Up to one wave (SMs / query tiles); with at least 90% of that
     many requests, the smallest count that keeps the same requests per part (b128 on 66
     slots → 64 parts of 2 requests; b128 on 132 → 128 parts of 1) if it leaves at most 10%
-    of the slots idle: equal-length batches then run unsplit, with no fp32 partials written
+    of the slots idle: equal-length batches then run unsplit, with no split partials written
     and no combine work (sparse b128 h16 topk2048 on the H100: 81.9 µs on 128 parts, 94.7
     on 132). Fewer requests split over every slot (b64 on 128 parts, two even splits
     each, is no faster than on 132)."""

@@ -491,7 +491,9 @@ def test_few_split_merge(seed, h, k):
     elif k == MERGE_FEW:
         assert splits.min() > MERGE_FEW // 2 and splits.max() <= MERGE_FEW, splits.tolist()
     else:
-        assert splits.max() > MERGE_FEW, splits.tolist()
+        # past merge_few for some requests (fp32 partials) and not for others (f16): both
+        # formats in one launch's partial buffer
+        assert splits.min() <= MERGE_FEW < splits.max(), splits.tolist()
     (ox, lx), (oe, le) = references(c, False)
     assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
     assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL

@@ -2,7 +2,9 @@
 (``DecodeConfig.merge_few``) against the general merge (a warp per row for the LSE, one
 8-dim item per thread at a time), at dense and sparse shapes of split requests (a few ways at
 b32-b64; b8 h128 about 8 ways; b128 h128 unsplit, as a control). Prints graph-replay µs per
-variant, rounds interleaved.
+variant, rounds interleaved. Since bb02679 ``merge_few`` = 0 also keeps every split's
+partial fp32 (a few-split request's are f16 otherwise), so the two variants differ in the
+partials' format too.
 
     python3 profiles/experiments/merge_few.py
 """

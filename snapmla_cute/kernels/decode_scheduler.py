@@ -14,15 +14,15 @@ the last unit of its overhead and writes a zero output and -inf LSE.
 Whole-request and cluster plans: when the batch fits the parts and splitting would not pay
 (``whole_requests``), part p takes request p whole, or (the decode launched in clusters of k
 parts) parts kc..kc+k-1 take a k-th of request c's blocks each, merged on-chip; parts past
-them stay idle. A split
-costs its fp32 partial, written and read back by the merge (``split_units`` per split, about
-6 units for 64 rows), and a fixed wait for the merge (``SPLIT_FIXED_UNITS``); and at most
-``stream_parts`` parts stream KV at their full rate before HBM bounds the whole launch. The
-rule picks the plan with the smaller estimate: whole, max(c_max, T / s); split, max(w, (T +
-n_s·split_units) / s) + fixed, with n_s = b + ceil(T / w) - 1 splits (every part boundary
-inside a request), s = min(stream_parts, num_parts); cluster, max((c_max - 5) / k + 5, T / s)
-+ CLUSTER_FIXED_UNITS. Fitted on the H100 to 29 equal-length
-dense and sparse shapes (profiles/NOTES.md, "Whole-request plans").
+them stay idle. A split costs its partial, written and read back by the merge
+(``split_units`` per split, about 6 units for 64 rows, fitted with fp32 partials), and a
+fixed wait for the merge (``SPLIT_FIXED_UNITS``); and at most ``stream_parts`` parts stream
+KV at their full rate before HBM bounds the whole launch. The rule picks the plan with the
+smaller estimate: whole, max(c_max, T / s); split, max(w, (T + n_s·split_units) / s) +
+fixed, with n_s = b + ceil(T / w) - 1 splits (every part boundary inside a request), s =
+min(stream_parts, num_parts); cluster, max((c_max - 5) / k + 5, T / s) +
+CLUSTER_FIXED_UNITS. Fitted on the H100 to 29 equal-length dense and sparse shapes
+(profiles/NOTES.md, "Whole-request plans").
 
 Every part is computed independently (binary searches over S in shared memory), so one
 CTA of 256 threads does the whole plan in two block-wide scans.
@@ -58,7 +58,7 @@ SCHED_FIELDS = 8
 class SchedulerConfig:
     block_n: int = 64  # KV tokens per block
     fixed_overhead_blocks: int = 5  # per-request cost (Q load, epilogue) in block units
-    # the whole-request rule (``whole_requests``): units of one split's fp32 partial, written
+    # the whole-request rule (``whole_requests``): units of one split's partial, written
     # and read back (0: never whole requests; the standalone scheduler takes it as a scalar)
     split_units: int = 0
     stream_parts: int = 0  # parts streaming KV at full rate before HBM binds (0: every part)

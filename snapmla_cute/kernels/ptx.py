@@ -152,7 +152,8 @@ def mbar_try_wait_cluster(smem_addr: Int32, phase: Int32, *, loc=None, ip=None) 
 def pow2_normalizer(amax, *, loc=None, ip=None):
     """(f, 1/f), powers of two, for a magnitude ``amax`` >= 0: amax·f in [2^14, 2^15), so
     f16 holds it and everything down to 2^-24 of it with full precision (f at most 2^126,
-    so 1/f is a normal float; amax = 0 gives 2^126, inf or NaN 2^-114). From the exponent
+    so 1/f is a normal float; amax = 0 gives 2^126, inf or NaN 2^-114; under 2^-112 the
+    cap leaves amax·f below 2^14). From the exponent
     bits: x = min(268 - e, 253), f = 2^(x - 127), 1/f = 2^(127 - x)."""
     from cutlass import Float32
 

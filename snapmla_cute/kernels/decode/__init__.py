@@ -16,7 +16,8 @@ split-KV part plans for itself. Per 64-token block:
    softmax state to the other consumer WG (``pipelines.handshakes.PairExchange``).
 5. PV (``consumer``): FP8 WGMMA, each consumer WG owning 256 output dims, strictly in block
    order; each block's P·V lands in a zeroed accumulator and o = γ·o + P·V is done in fp32.
-6. Epilogue (``epilogue``): o/ℓ as bf16 ``out`` or a split's fp32 partial, and the LSE; the
+6. Epilogue (``epilogue``): o/ℓ as bf16 ``out`` or a split's partial (f16 with a per-row
+   scale up to ``merge_few`` splits a request, else fp32), and the LSE; the
    splits of a request cut by a part boundary are merged in the same launch (``merge``).
 
 Modules: ``config`` (``DecodeConfig``, constants), ``kernel`` (launch and wiring), ``plan``,

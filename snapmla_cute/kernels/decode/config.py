@@ -102,8 +102,9 @@ class DecodeConfig:
     # before its PV of blocks j-1 and j a consumer also waits for the transposer's signal of
     # j-1 (implied by j's: the transposer works and signals in block order)
     vt_wait_both: bool = False
-    # a request of at most this many splits (a divisor of MERGE_BATCH) merges with a thread
-    # per row and all its splits' loads issued together (Merger.few_split_lse); 0: never
+    # a request of at most this many splits (a divisor of MERGE_BATCH) writes f16 partials
+    # with a per-row scale and merges with a thread per row and all its splits' loads
+    # issued together (Merger.few_split_lse); more splits, or 0: fp32, the general merge
     merge_few: int = 8
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
@@ -144,8 +145,9 @@ class DecodeConfig:
 
     @property
     def scheduler(self) -> SchedulerConfig:
-        """The plan's constants for this shape: one split's fp32 partial (``rows`` of one
-        query tile, 2 KB each, written and read back) is about 6 KV blocks per 64 rows; the
+        """The plan's constants for this shape: one split's partial (``rows`` of one query
+        tile, 2 KB each as fp32, written and read back; fitted before few-split partials
+        became f16, 1 KB) is about 6 KV blocks per 64 rows; the
         dense decode of the H100 streams at full rate on up to STREAM_PARTS CTAs, the sparse
         gather (slower per CTA) on all of them."""
         if not self.whole_plans:

@@ -88,10 +88,10 @@ class Epilogue:
             # few splits (many requests: the partials' traffic counts) as f16, each row
             # normalized by a power of two (its largest |value| to [2^14, 2^15)) with 1/f
             # kept beside it: half fp32's bytes, f16's 11 bits against e4m3's 4 in V, and
-            # no range limit (a bf16 partial's 8 bits, rounded twice, failed the
-            # emulation's tolerance). Both WGs' maxima meet in shared memory, so the
-            # merge keeps one weight per split. More splits (small batches, where a
-            # partial's latency counts, not its bytes; one-block splits were no faster
+            # no range limit for row maxima over 2^-112 (a bf16 partial's 8 bits, rounded
+            # twice, failed the emulation's tolerance). Both WGs' maxima meet in shared
+            # memory, so the merge keeps one weight per split. More splits (small batches,
+            # where a partial's latency counts, not its bytes; one-block splits were slower
             # as f16) stay fp32.
             o16, scales = self.partial_views(io, req)
             post = cute.make_rmem_tensor((rows_per_thr,), Float32)

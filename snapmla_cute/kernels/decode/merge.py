@@ -9,7 +9,8 @@ exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s, summed in fp32. A request of a
 items per thread with all their splits' loads issued together) from f16 partials with a
 power-of-two scale per row (``Epilogue.partial_views``; the scale folds into the split's
 weight); more splits merge fp32 partials, a warp per row and an item per thread at a time.
-The last split processes the request first in its part and goes on. The last merger resets the counters for the next call.
+The last split processes the request first in its part and goes on. The last merger
+resets the counters for the next call.
 """
 
 from __future__ import annotations
