@@ -97,8 +97,9 @@ class Epilogue:
             post = cute.make_rmem_tensor((rows_per_thr,), Float32)
             s_amax = cute.make_tensor(cute.make_ptr(Float32, amax_addr, cute.AddressSpace.smem, assumed_align=16),
                                       cute.make_layout((L.M_TILE, 2), stride=(1, L.M_TILE)))
+            # no barrier before the writes: the other WG's reads of s_amax (its previous split)
+            # precede its arrival at that split's finish_split pair barrier
             pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
-            pair.arrive_and_wait()  # the other WG is done reading s_amax (its previous split)
             for i in cutlass.range_constexpr(rows_per_thr):
                 amax = tree([cute.arch.fmax(acc_o_mn[h][i, j], -acc_o_mn[h][i, j]) for h in range(PV_SPLITS)
                              for j in range(cute.size(c_o_mn, mode=[1]))], cute.arch.fmax) * inv[i]
