@@ -48,7 +48,7 @@ class Merger:
         request's first split row; ``n_mergers`` share the rows; ``ctid``: 0..255 over both
         consumer WGs."""
         cfg = self.cfg
-        m_counters = io.counters
+        m_out, m_lse, m_o_partial, m_lse_partial, m_counters = io.out, io.lse, io.o_partial, io.lse_partial, io.counters
         ctid = ptx.launder(ctid, req)  # its index math is not hoisted into the block loop (spills)
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
         cnt_ptr = m_counters.iterator + cute.crd2idx((req, 2 * m_tile), m_counters.layout)
@@ -79,24 +79,132 @@ class Merger:
             nrows = r1 - r0
             # the KV stages are idle now (this is the part's last request): scratch
             s_lse = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16), cute.make_layout((L.M_TILE,)))
-            # the final LSE of each row of the share and its splits' weights exp(lse_s - lse)
-            # (to shared memory), then the out rows: few_split_merge or many_split_merge
+            # 1. final LSE of each row of the share, a warp per row and a lane per split (all
+            # of a row's loads in flight at once; more than merge_few splits, else a thread
+            # per row: few_split_lse); the splits' weights exp(lse_s - lse) go to
+            # shared memory for step 2, so its loads do not wait on an exp
             s_w = cute.make_tensor(
                 cute.make_ptr(Float32, kv_addr + MERGE_W_OFFSET, cute.AddressSpace.smem, assumed_align=16),
                 cute.make_layout((L.M_TILE, MERGE_MAX_SPLITS), stride=(MERGE_MAX_SPLITS, 1)),
             )
+            warp = ctid // 32
+            lane = ctid % 32
+            warp_rows = nrows  # rows merged a warp per row
             if cutlass.const_expr(cfg.merge_few > 0):
-                # half as many splits: twice the items per thread at once
-                if n_splits <= max(1, cfg.merge_few // 2):
-                    self.few_split_merge(io, m_tile, req, r0, nrows, first, n_splits, ctid, pair, s_w, s_lse,
-                                         max(1, cfg.merge_few // 2))
-                elif n_splits <= cfg.merge_few:
-                    self.few_split_merge(io, m_tile, req, r0, nrows, first, n_splits, ctid, pair, s_w, s_lse,
-                                         cfg.merge_few)
+                few = n_splits <= cfg.merge_few  # batched over rows and items
+                if few:
+                    warp_rows = 0
+                    # a thread per row, its splits' loads issued together (rows <= 64 < threads)
+                    if ctid < nrows:
+                        _, m_scales = self.partial_views(io, req)
+                        self.few_split_lse(
+                            m_tile, req, r0 + ctid, ctid, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse
+                        )
+            for lr in cutlass.range(warp, warp_rows, roles.PAIR_THREADS // 32, unroll=1):
+                row = m_tile * L.M_TILE + r0 + lr
+                lse_max = -Float32.inf
+                for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                    v = m_lse_partial[row, first + sp]
+                    s_w[lr, sp] = v
+                    lse_max = cute.arch.fmax(lse_max, v)
+                lse_max = cute.arch.warp_reduction_max(lse_max)
+                total = Float32(0.0)
+                if lse_max != -Float32.inf:
+                    for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                        total += cute.math.exp(s_w[lr, sp] - lse_max)
+                total = cute.arch.warp_reduction_sum(total)
+                lse = -Float32.inf
+                if lse_max != -Float32.inf:
+                    lse = lse_max + cute.math.log(total)
+                for sp in cutlass.range(lane, n_splits, 32, unroll=1):
+                    w = Float32(0.0)
+                    if lse != -Float32.inf:
+                        w = cute.math.exp(s_w[lr, sp] - lse)
+                    s_w[lr, sp] = w
+                if lane == 0:
+                    s_lse[lr] = lse
+                    m_lse[req, row % cfg.heads, row // cfg.heads] = lse
+            pair.arrive_and_wait()
+            # 2. out rows: items (row, 8 dims); with few items the splits are shared out too
+            # (G groups, summed through shared memory)
+            n_items = nrows * (CONTENT_DIM // 8)
+            G = Int32(1)
+            g_items = n_items
+            if cutlass.const_expr(cfg.merge_few > 0):
+                if few:
+                    g_items = Int32(roles.PAIR_THREADS)  # G = 1: the f16 partials are few_split_rows' only
+            if g_items * 2 <= roles.PAIR_THREADS:
+                G = 2
+            if g_items * 4 <= roles.PAIR_THREADS:
+                G = 4
+            if g_items * 8 <= roles.PAIR_THREADS:
+                G = 8
+            per_g = roles.PAIR_THREADS // G
+            g = ctid // per_g
+            s_acc = cute.make_tensor(
+                cute.make_ptr(Float32, kv_addr + 1024, cute.AddressSpace.smem, assumed_align=16),
+                cute.make_layout((8, roles.PAIR_THREADS), stride=(1, 8)),
+            )
+            item_end = n_items  # items merged one per thread at a time
+            if cutlass.const_expr(cfg.merge_few > 0):
+                if few:
+                    item_end = 0
+                    o16, _ = self.partial_views(io, req)
+                    # half as many splits: twice the items per thread at once
+                    if n_splits <= max(1, cfg.merge_few // 2):
+                        self.few_split_rows(
+                            m_tile, req, r0, first, n_splits, n_items, ctid, m_out, o16, s_w, s_lse,
+                            max(1, cfg.merge_few // 2),
+                        )
+                    else:
+                        self.few_split_rows(
+                            m_tile, req, r0, first, n_splits, n_items, ctid, m_out, o16, s_w, s_lse,
+                            cfg.merge_few,
+                        )
+            for it in cutlass.range(ctid % per_g, item_end, per_g, unroll=1):
+                lr = it // (CONTENT_DIM // 8)
+                d = (it % (CONTENT_DIM // 8)) * 8
+                row = m_tile * L.M_TILE + r0 + lr
+                lse = s_lse[lr]
+                acc = cute.make_rmem_tensor((8,), Float32)
+                acc.fill(0.0)
+                if lse != -Float32.inf:
+                    # MERGE_BATCH splits' loads issued together (predicated), then added in
+                    # split order: as a plain loop, ptxas waited for each load in turn
+                    for sp0 in cutlass.range(g, n_splits, G * MERGE_BATCH, unroll=1):
+                        src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
+                        ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
+                        for u in cutlass.range_constexpr(MERGE_BATCH):
+                            sp = sp0 + u * G
+                            src[u].fill(0.0)
+                            ws[u] = 0.0
+                            if sp < n_splits:
+                                ws[u] = s_w[lr, sp]
+                                cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src[u])
+                        for u in cutlass.range_constexpr(MERGE_BATCH):
+                            acc.store(acc.load() + src[u].load() * ws[u])
+                if G == 1:
+                    res = cute.make_rmem_tensor((8,), BFloat16)
+                    res.store(acc.load().to(BFloat16))
+                    cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
                 else:
-                    self.many_split_merge(io, m_tile, req, r0, nrows, first, n_splits, ctid, pair, s_w, s_lse, kv_addr)
-            else:
-                self.many_split_merge(io, m_tile, req, r0, nrows, first, n_splits, ctid, pair, s_w, s_lse, kv_addr)
+                    cute.autovec_copy(acc, s_acc[None, ctid])
+            if G > 1:
+                pair.arrive_and_wait()
+                it = ctid
+                if ctid < n_items:
+                    lr = it // (CONTENT_DIM // 8)
+                    d = (it % (CONTENT_DIM // 8)) * 8
+                    row = m_tile * L.M_TILE + r0 + lr
+                    acc = cute.make_rmem_tensor((8,), Float32)
+                    acc.fill(0.0)
+                    for gg in cutlass.range(G, unroll=1):
+                        src = cute.make_rmem_tensor((8,), Float32)
+                        cute.autovec_copy(s_acc[None, gg * per_g + it], src)
+                        acc.store(acc.load() + src.load())
+                    res = cute.make_rmem_tensor((8,), BFloat16)
+                    res.store(acc.load().to(BFloat16))
+                    cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
             # the last merger resets the counters for the next call
             pair.arrive_and_wait()
             if ctid == 0:
@@ -105,126 +213,6 @@ class Merger:
                 if old == n_p - 1:
                     m_counters[req, 2 * m_tile] = 0
                     m_counters[req, 2 * m_tile + 1] = 0
-
-    @cute.jit
-    def few_split_merge(self, io, m_tile, req, r0, nrows, first, n_splits, ctid, pair, s_w, s_lse,
-                        F: cutlass.Constexpr):
-        """The rows [r0, r0 + nrows) of a request of at most ``F`` splits (f16 partials), in
-        batches of ``MERGE_BATCH // F`` items (row, 8 dims) per thread with all their splits'
-        loads issued together. The first batch is loaded before the LSE step (a thread per
-        row: the splits' weights), which it does not need: the two round trips overlap. A
-        self-contained region: its loads are not live across the many-split merge's code."""
-        IB = MERGE_BATCH // F
-        T = roles.PAIR_THREADS
-        n_items = nrows * (CONTENT_DIM // 8)
-        o16, m_scales = self.partial_views(io, req)
-        src = [cute.make_rmem_tensor((8,), Float16) for _ in range(MERGE_BATCH)]
-        self.few_split_load(m_tile, r0, first, n_splits, n_items, ctid, o16, src, F, IB)
-        if ctid < nrows:  # rows <= 64 < threads
-            self.few_split_lse(m_tile, req, r0 + ctid, ctid, first, n_splits, io.lse, io.lse_partial, m_scales, s_w,
-                               s_lse)
-        pair.arrive_and_wait()
-        self.few_split_store(m_tile, req, r0, n_items, ctid, io.out, s_w, s_lse, src, F, IB)
-        for it0 in cutlass.range(ctid + T * IB, n_items, T * IB, unroll=1):
-            self.few_split_load(m_tile, r0, first, n_splits, n_items, it0, o16, src, F, IB)
-            self.few_split_store(m_tile, req, r0, n_items, it0, io.out, s_w, s_lse, src, F, IB)
-
-    @cute.jit
-    def many_split_merge(self, io, m_tile, req, r0, nrows, first, n_splits, ctid, pair, s_w, s_lse, kv_addr):
-        """The rows [r0, r0 + nrows) of a request of more than ``merge_few`` splits (fp32
-        partials): a warp per row for the LSE (a lane per split), then an item (row, 8 dims)
-        per thread at a time, ``MERGE_BATCH`` splits' loads at once; with few items the
-        splits are shared out too (G groups, summed through shared memory)."""
-        cfg = self.cfg
-        m_out, m_lse, m_o_partial, m_lse_partial = io.out, io.lse, io.o_partial, io.lse_partial
-        warp = ctid // 32
-        lane = ctid % 32
-        for lr in cutlass.range(warp, nrows, roles.PAIR_THREADS // 32, unroll=1):
-            row = m_tile * L.M_TILE + r0 + lr
-            lse_max = -Float32.inf
-            for sp in cutlass.range(lane, n_splits, 32, unroll=1):
-                v = m_lse_partial[row, first + sp]
-                s_w[lr, sp] = v
-                lse_max = cute.arch.fmax(lse_max, v)
-            lse_max = cute.arch.warp_reduction_max(lse_max)
-            total = Float32(0.0)
-            if lse_max != -Float32.inf:
-                for sp in cutlass.range(lane, n_splits, 32, unroll=1):
-                    total += cute.math.exp(s_w[lr, sp] - lse_max)
-            total = cute.arch.warp_reduction_sum(total)
-            lse = -Float32.inf
-            if lse_max != -Float32.inf:
-                lse = lse_max + cute.math.log(total)
-            for sp in cutlass.range(lane, n_splits, 32, unroll=1):
-                w = Float32(0.0)
-                if lse != -Float32.inf:
-                    w = cute.math.exp(s_w[lr, sp] - lse)
-                s_w[lr, sp] = w
-            if lane == 0:
-                s_lse[lr] = lse
-                m_lse[req, row % cfg.heads, row // cfg.heads] = lse
-        pair.arrive_and_wait()
-        # 2. out rows: items (row, 8 dims); with few items the splits are shared out too
-        # (G groups, summed through shared memory)
-        n_items = nrows * (CONTENT_DIM // 8)
-        G = Int32(1)
-        g_items = n_items
-        if g_items * 2 <= roles.PAIR_THREADS:
-            G = 2
-        if g_items * 4 <= roles.PAIR_THREADS:
-            G = 4
-        if g_items * 8 <= roles.PAIR_THREADS:
-            G = 8
-        per_g = roles.PAIR_THREADS // G
-        g = ctid // per_g
-        s_acc = cute.make_tensor(
-            cute.make_ptr(Float32, kv_addr + 1024, cute.AddressSpace.smem, assumed_align=16),
-            cute.make_layout((8, roles.PAIR_THREADS), stride=(1, 8)),
-        )
-        for it in cutlass.range(ctid % per_g, n_items, per_g, unroll=1):
-            lr = it // (CONTENT_DIM // 8)
-            d = (it % (CONTENT_DIM // 8)) * 8
-            row = m_tile * L.M_TILE + r0 + lr
-            lse = s_lse[lr]
-            acc = cute.make_rmem_tensor((8,), Float32)
-            acc.fill(0.0)
-            if lse != -Float32.inf:
-                # MERGE_BATCH splits' loads issued together (predicated), then added in
-                # split order: as a plain loop, ptxas waited for each load in turn
-                for sp0 in cutlass.range(g, n_splits, G * MERGE_BATCH, unroll=1):
-                    src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
-                    ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
-                    for u in cutlass.range_constexpr(MERGE_BATCH):
-                        sp = sp0 + u * G
-                        src[u].fill(0.0)
-                        ws[u] = 0.0
-                        if sp < n_splits:
-                            ws[u] = s_w[lr, sp]
-                            cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src[u])
-                    for u in cutlass.range_constexpr(MERGE_BATCH):
-                        acc.store(acc.load() + src[u].load() * ws[u])
-            if G == 1:
-                res = cute.make_rmem_tensor((8,), BFloat16)
-                res.store(acc.load().to(BFloat16))
-                cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
-            else:
-                cute.autovec_copy(acc, s_acc[None, ctid])
-        if G > 1:
-            pair.arrive_and_wait()
-            it = ctid
-            if ctid < n_items:
-                lr = it // (CONTENT_DIM // 8)
-                d = (it % (CONTENT_DIM // 8)) * 8
-                row = m_tile * L.M_TILE + r0 + lr
-                acc = cute.make_rmem_tensor((8,), Float32)
-                acc.fill(0.0)
-                for gg in cutlass.range(G, unroll=1):
-                    src = cute.make_rmem_tensor((8,), Float32)
-                    cute.autovec_copy(s_acc[None, gg * per_g + it], src)
-                    acc.store(acc.load() + src.load())
-                res = cute.make_rmem_tensor((8,), BFloat16)
-                res.store(acc.load().to(BFloat16))
-                cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
 
     @cute.jit
     def few_split_lse(self, m_tile, req, share_row, lr, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse):
@@ -259,40 +247,43 @@ class Merger:
         m_lse[req, row % cfg.heads, row // cfg.heads] = lse
 
     @cute.jit
-    def few_split_load(self, m_tile, r0, first, n_splits, n_items, it0, m_o_partial, src, F: cutlass.Constexpr,
-                       IB: cutlass.Constexpr):
-        """Loads the f16 partials of this thread's ``IB`` items (row, 8 dims) from ``it0``
-        on, stride the pair's threads, for every split of a request of at most ``F`` splits,
-        all issued together; slots past the items or the splits hold 0."""
+    def few_split_rows(
+        self, m_tile, req, r0, first, n_splits, n_items, ctid, m_out, m_o_partial, s_w, s_lse, F: cutlass.Constexpr
+    ):
+        """out rows of a request of at most ``F`` splits (``m_o_partial``: its f16 partials,
+        the scales already in ``s_w``): items (row, 8 dims), ``MERGE_BATCH // F`` per thread
+        with all their splits' loads issued together, then added in split order."""
+        IB = MERGE_BATCH // F
         PER_ROW = CONTENT_DIM // 8
-        for k in cutlass.range_constexpr(IB):
-            it = it0 + k * roles.PAIR_THREADS
-            lr = it // PER_ROW
-            d = (it % PER_ROW) * 8
-            row = m_tile * L.M_TILE + r0 + lr
-            for u in cutlass.range_constexpr(F):
-                src[k * F + u].fill(0.0)
-                if it < n_items and u < n_splits:
-                    cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + u], (8,), (d // 8,)), src[k * F + u])
-
-    @cute.jit
-    def few_split_store(self, m_tile, req, r0, n_items, it0, m_out, s_w, s_lse, src, F: cutlass.Constexpr,
-                        IB: cutlass.Constexpr):
-        """out of the items ``few_split_load`` loaded: Σ_s w_s·partial_s in split order (the
-        weights, with the partials' 1/f, from ``few_split_lse``; 0 past the splits), bf16.
-        A row with no keys (LSE -inf) gets zeros whatever its partials hold."""
-        PER_ROW = CONTENT_DIM // 8
-        for k in cutlass.range_constexpr(IB):
-            it = it0 + k * roles.PAIR_THREADS
-            if it < n_items:
+        T = roles.PAIR_THREADS
+        for it0 in cutlass.range(ctid, n_items, T * IB, unroll=1):
+            src = [cute.make_rmem_tensor((8,), Float16) for _ in range(MERGE_BATCH)]
+            ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
+            for k in cutlass.range_constexpr(IB):
+                it = it0 + k * T
                 lr = it // PER_ROW
                 d = (it % PER_ROW) * 8
                 row = m_tile * L.M_TILE + r0 + lr
-                acc = cute.make_rmem_tensor((8,), Float32)
-                acc.fill(0.0)
-                if s_lse[lr] != -Float32.inf:
+                for u in cutlass.range_constexpr(F):
+                    src[k * F + u].fill(0.0)
+                    ws[k * F + u] = 0.0
+                    if it < n_items and u < n_splits:
+                        if s_lse[lr] != -Float32.inf:
+                            ws[k * F + u] = s_w[lr, u]
+                            cute.autovec_copy(
+                                cute.local_tile(m_o_partial[row, None, first + u], (8,), (d // 8,)),
+                                src[k * F + u],
+                            )
+            for k in cutlass.range_constexpr(IB):
+                it = it0 + k * T
+                if it < n_items:
+                    lr = it // PER_ROW
+                    d = (it % PER_ROW) * 8
+                    row = m_tile * L.M_TILE + r0 + lr
+                    acc = cute.make_rmem_tensor((8,), Float32)
+                    acc.fill(0.0)
                     for u in cutlass.range_constexpr(F):
-                        acc.store(acc.load() + src[k * F + u].load().to(Float32) * s_w[lr, u])
-                res = cute.make_rmem_tensor((8,), BFloat16)
-                res.store(acc.load().to(BFloat16))
-                cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
+                        acc.store(acc.load() + src[k * F + u].load().to(Float32) * ws[k * F + u])
+                    res = cute.make_rmem_tensor((8,), BFloat16)
+                    res.store(acc.load().to(BFloat16))
+                    cute.autovec_copy(res, cute.local_tile(m_out[row, None, req], (8,), (d // 8,)))
