@@ -67,6 +67,32 @@ def test_memory_bound_kernels_use_16_byte_accesses(name):
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
+@pytest.mark.parametrize("sparse, heads, s_q, hinted", [
+    (False, 64, 1, True), (False, 128, 1, True), (False, 128, 2, False), (True, 64, 1, True), (True, 8, 8, False),
+])
+def test_kv_loads_hint_l2_evict_first_where_few_ctas_read_a_block(sparse, heads, s_q, hinted):
+    """The KV stream is read once: its loads (TMA, or the sparse gather's cp.async) carry L2's
+    evict-first policy where at most two query tiles' CTAs read each block
+    (``DecodeConfig.l2_evict_first``) and, sparse, a request has one query token; not where
+    four tiles (h128 s_q2) or a request's query tokens (sparse s_q8) read the same lines."""
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.kernels.decode import compile as dc
+    from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig, DecodeStepConfig
+
+    from snapmla_cute.kernels.decode.config import L2_EVICT_FIRST
+
+    if sparse:
+        cfg = DecodeSparseStepConfig(DecodeConfig(heads, 1, 1, False, sparse=True), s_q)
+        ptx = str(dc.compile_sparse(cfg, arch="sm_90a", keep_sass=True).artifacts.PTX)
+        assert ("createpolicy.fractional.L2::evict_first" in ptx) == hinted
+        assert ("cp.async.cg.shared.global.L2::cache_hint" in ptx) == hinted
+    else:
+        cfg = DecodeStepConfig(DecodeConfig(heads, s_q, 64, s_q > 1))
+        ptx = str(dc.compile_step(cfg, arch="sm_90a", keep_sass=True).artifacts.PTX)
+        # every TMA load names a policy operand; the KV loads' is the evict-first constant
+        assert (str(L2_EVICT_FIRST) in ptx) == hinted
+
+
 def test_compile_cache_reuses_objects():
     a = FUSED["quant_q"].compile(arch="sm_90a")
     b = FUSED["quant_q"].compile(arch="sm_90a")

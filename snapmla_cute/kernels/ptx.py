@@ -63,19 +63,30 @@ def launder(x: Int32, dep: Int32, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def cp_async_or_zero(smem_addr: Int32, gmem_addr, nbytes: int, read: Int32, *, loc=None, ip=None):
+def l2_evict_first_policy(*, loc=None, ip=None) -> Int64:
+    """``createpolicy.fractional.L2::evict_first.b64 p, 1.0``: an L2 cache policy for
+    ``cp_async_or_zero`` (the lines it reads are the first to go)."""
+    return Int64(_asm(_T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l", loc, ip))
+
+
+@dsl_user_op
+def cp_async_or_zero(smem_addr: Int32, gmem_addr, nbytes: int, read: Int32, policy=None, *, loc=None, ip=None):
     """``cp.async.{cg|ca}.shared.global [smem], [gmem], nbytes, ignore-src``: ``nbytes`` from
     ``gmem`` where ``read`` is nonzero, else zeros (``gmem`` is then not dereferenced, so it
-    may be any value: no select of a safe address before the copy)."""
+    may be any value: no select of a safe address before the copy). ``policy``: an L2 cache
+    policy (``.L2::cache_hint``), e.g. ``l2_evict_first_policy()``."""
     cache = "cg" if nbytes == 16 else "ca"
-    _asm(
-        None,
-        [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
-         Int32(read).ir_value(loc=loc, ip=ip)],
-        f"{{ .reg .pred z; setp.eq.s32 z, $2, 0; cp.async.{cache}.shared.global [$0], [$1], {nbytes}, z; }}",
-        "r,l,r,~{memory}",
-        loc, ip,
-    )
+    ops = [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+           Int32(read).ir_value(loc=loc, ip=ip)]
+    if policy is None:
+        text = f"{{ .reg .pred z; setp.eq.s32 z, $2, 0; cp.async.{cache}.shared.global [$0], [$1], {nbytes}, z; }}"
+        constraints = "r,l,r,~{memory}"
+    else:
+        ops.append(Int64(policy).ir_value(loc=loc, ip=ip))
+        text = (f"{{ .reg .pred z; setp.eq.s32 z, $2, 0; "
+                f"cp.async.{cache}.shared.global.L2::cache_hint [$0], [$1], {nbytes}, z, $3; }}")
+        constraints = "r,l,r,l,~{memory}"
+    _asm(None, ops, text, constraints, loc, ip)
 
 
 @dsl_user_op

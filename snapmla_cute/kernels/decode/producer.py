@@ -19,7 +19,7 @@ from cutlass.cute.nvgpu import cpasync
 
 from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels import ptx
-from snapmla_cute.kernels.decode.config import OOB_PAGE
+from snapmla_cute.kernels.decode.config import L2_EVICT_FIRST, OOB_PAGE
 from snapmla_cute.kernels.decode_scheduler import clamp_len
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
@@ -86,6 +86,9 @@ class Producer:
         )
         lane = cute.arch.lane_idx()
         table_width = m_block_table.shape[1]
+        policy = None
+        if cutlass.const_expr(cfg.l2_evict_first):
+            policy = Int64(L2_EVICT_FIRST)
         for r in cutlass.range(work.n_reqs, unroll=1):
             req = work.begin_req + r
             seqlen, blk_lo, blk_hi = work.block_range(r, req)
@@ -114,9 +117,12 @@ class Producer:
                     if tok >= seqlen:
                         page = Int32(OOB_PAGE)
                     tile = (tok % cfg.page_size) // br
-                    cute.copy(tma_kv, tkv_g[(None, tile, 0, page)], tkv_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
-                    cute.copy(tma_kr, tkr_g[(None, tile, 0, page)], tkr_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier)
-                    cute.copy(tma_ks, tks_g[(None, tile, page)], tks_s[(None, sub, hk.index)], tma_bar_ptr=hk.barrier)
+                    cute.copy(tma_kv, tkv_g[(None, tile, 0, page)], tkv_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier,
+                              cache_policy=policy)
+                    cute.copy(tma_kr, tkr_g[(None, tile, 0, page)], tkr_s[(None, sub, 0, hk.index)], tma_bar_ptr=hk.barrier,
+                              cache_policy=policy)
+                    cute.copy(tma_ks, tks_g[(None, tile, page)], tks_s[(None, sub, hk.index)], tma_bar_ptr=hk.barrier,
+                              cache_policy=policy)
                 if r == 0 and blk == blk_lo and lane == 0:
                     self.tracer.stamp("kv_issued")
 
@@ -198,18 +204,21 @@ class Producer:
                    + L.rope_offset(row0, c * 8))
         g_lane = g_kv.iterator.toint() + Int64(c * 16)
         ks_base = g_ks.iterator.toint()
+        policy = None
+        if cutlass.const_expr(self.cfg.l2_evict_first):
+            policy = ptx.l2_evict_first_policy()
         for k in cutlass.range_constexpr(per_warp // 4):
             s = cute.arch.shuffle_sync(slot, 4 * k + t0)
             read = Int32(s != OOB_PAGE)
             src = g_lane + Int64(s) * row_bytes
             dst = L.sw128_row_step(kv_lane, 4 * k)
             for seg in cutlass.range_constexpr(CONTENT_DIM // 128):
-                ptx.cp_async_or_zero(dst + seg * L.CHUNK_BYTES, src + seg * 128, 16, read)
-            ptx.cp_async_or_zero(L.sw128_row_step(kr_lane, 4 * k), src + CONTENT_DIM, 16, read)
+                ptx.cp_async_or_zero(dst + seg * L.CHUNK_BYTES, src + seg * 128, 16, read, policy)
+            ptx.cp_async_or_zero(L.sw128_row_step(kr_lane, 4 * k), src + CONTENT_DIM, 16, read, policy)
         # the scales: lane l < 16 its own token's, one copy (4 lanes per group cost 4)
         if lane < per_warp:
             dst = smem.storage.k_scale.data_ptr().toint() + (stage * L.BLOCK_N + warp * per_warp + lane) * 4
-            ptx.cp_async_or_zero(dst, ks_base + Int64(slot) * 4, 4, Int32(slot != OOB_PAGE))
+            ptx.cp_async_or_zero(dst, ks_base + Int64(slot) * 4, 4, Int32(slot != OOB_PAGE), policy)
 
     @cute.jit
     def gather_id(self, m_indices, req, pos, seqlen, num_slots, lane_used):
