@@ -70,12 +70,6 @@ def l2_evict_first_policy(*, loc=None, ip=None) -> Int64:
 
 
 @dsl_user_op
-def prefetch_l2(gmem_addr, *, loc=None, ip=None):
-    """``prefetch.global.L2 [gmem]``: the line holding ``gmem`` into L2 (no register, no wait)."""
-    _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l,~{memory}", loc, ip)
-
-
-@dsl_user_op
 def cp_async_or_zero(smem_addr: Int32, gmem_addr, nbytes: int, read: Int32, policy=None, *, loc=None, ip=None):
     """``cp.async.{cg|ca}.shared.global [smem], [gmem], nbytes, ignore-src``: ``nbytes`` from
     ``gmem`` where ``read`` is nonzero, else zeros (``gmem`` is then not dereferenced, so it

@@ -118,10 +118,6 @@ class DecodeConfig:
     # first where at most two CTAs read each block (``l2_evict_first``): the stream, read
     # once, then does not push the split partials, queries and block table out of L2
     kv_evict_first: bool = True
-    # before the in-kernel plan, one thread prefetches into L2 the Q tile and the first
-    # block-table line of the request the part most likely starts with (part·b/parts), so
-    # that the loads after the plan hit L2
-    early_prefetch: bool = False
     # ---- profiling (wrong results or extra writes; never set by the library)
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
     # "softmax", "store" (timing variants that leave one stage out)

@@ -253,9 +253,6 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             # consumers wait on this (``cluster_epilogue``); the other roles never do
             cute.arch.cluster_arrive_relaxed()
         cute.arch.griddepcontrol_wait()  # the previous grid's writes (lengths, KV, Q, counters)
-        if cutlass.const_expr(cfg.early_prefetch and not cfg.sparse):
-            if tidx == 0:
-                self.early_prefetch(tma, smem, m_block_table, m_tile, part, m_sched.shape[0])
         # this part's plan, computed here from the lengths (no scheduler launch); the KV
         # stages are its scratch until the producer starts
         self.plan(m_seqlens, m_sched, m_split_offsets, storage.kv.data_ptr(), storage.scan.get_tensor(

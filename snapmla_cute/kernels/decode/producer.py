@@ -59,18 +59,6 @@ class Producer:
         return tq, tqr
 
     @cute.jit
-    def early_prefetch(self, tma: TmaLoads, smem, m_block_table, m_tile, part, parts):
-        """``DecodeConfig.early_prefetch``, by one thread before the plan: the Q tile (TMA
-        prefetch) and the first block-table line of request part·b/parts, where the part
-        starts when the requests are alike (a guess: a wrong one costs a few lines of L2)."""
-        batch = m_block_table.shape[0]
-        req = cutlass.min(part * batch // parts, batch - 1)
-        (_, tq_g), (_, tqr_g) = self.q_partitions(tma, smem)
-        cute.prefetch(tma.q_nope[0], tq_g[(None, m_tile, 0, req)])
-        cute.prefetch(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)])
-        ptx.prefetch_l2(m_block_table.iterator.toint() + Int64(req) * Int64(m_block_table.layout.stride[0]) * 4)
-
-    @cute.jit
     def load(self, tma: TmaLoads, smem, m_block_table, m_seqlens, q_prod, kv_prod, m_tile, work):
         """Q and the KV blocks of every request segment of ``work`` (a ``PartWork``), in order,
         through the one-stage Q pipeline ``q_prod`` and the KV ring's ``kv_prod``."""
