@@ -67,30 +67,33 @@ def test_memory_bound_kernels_use_16_byte_accesses(name):
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
-@pytest.mark.parametrize("sparse, heads, s_q, hinted", [
-    (False, 64, 1, True), (False, 128, 1, True), (False, 128, 2, False), (True, 64, 1, True), (True, 8, 8, False),
-])
-def test_kv_loads_hint_l2_evict_first_where_few_ctas_read_a_block(sparse, heads, s_q, hinted):
+def test_kv_loads_hint_l2_evict_first_where_few_ctas_read_a_block():
     """The KV stream is read once: its loads (TMA, or the sparse gather's cp.async) carry L2's
     evict-first policy where at most two query tiles' CTAs read each block
     (``DecodeConfig.l2_evict_first``) and, sparse, a request has one query token; not where
-    four tiles (h128 s_q2) or a request's query tokens (sparse s_q8) read the same lines."""
+    four tiles (h128 s_q2) or a request's query tokens (sparse s_q8) read the same lines.
+    The rule from the configs, the policy in the PTX of one variant each way and the sparse
+    gather's."""
     from snapmla_cute.kernels.decode import DecodeConfig
     from snapmla_cute.kernels.decode import compile as dc
-    from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig, DecodeStepConfig
-
     from snapmla_cute.kernels.decode.config import L2_EVICT_FIRST
+    from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig, DecodeSparseStepKernel, DecodeStepConfig
 
-    if sparse:
-        cfg = DecodeSparseStepConfig(DecodeConfig(heads, 1, 1, False, sparse=True), s_q)
-        ptx = str(dc.compile_sparse(cfg, arch="sm_90a", keep_sass=True).artifacts.PTX)
-        assert ("createpolicy.fractional.L2::evict_first" in ptx) == hinted
-        assert ("cp.async.cg.shared.global.L2::cache_hint" in ptx) == hinted
-    else:
-        cfg = DecodeStepConfig(DecodeConfig(heads, s_q, 64, s_q > 1))
-        ptx = str(dc.compile_step(cfg, arch="sm_90a", keep_sass=True).artifacts.PTX)
+    dense = {(h, s_q): DecodeConfig(h, s_q, 64, s_q > 1).l2_evict_first for h, s_q in ((64, 1), (128, 1), (64, 2),
+                                                                                         (128, 2), (64, 3))}
+    assert dense == {(64, 1): True, (128, 1): True, (64, 2): True, (128, 2): False, (64, 3): False}
+    sparse = {s_q: DecodeSparseStepKernel(DecodeSparseStepConfig(DecodeConfig(8, 1, 1, False, sparse=True), s_q))
+              .decode.cfg.l2_evict_first for s_q in (1, 2, 8)}
+    assert sparse == {1: True, 2: False, 8: False}
+    for h, s_q, hinted in ((64, 1, True), (128, 2, False)):
+        ptx = str(dc.compile_step(DecodeStepConfig(DecodeConfig(h, s_q, 64, s_q > 1)), arch="sm_90a",
+                                  keep_sass=True).artifacts.PTX)
         # every TMA load names a policy operand; the KV loads' is the evict-first constant
         assert (str(L2_EVICT_FIRST) in ptx) == hinted
+    cfg = DecodeSparseStepConfig(DecodeConfig(64, 1, 1, False, sparse=True), 1)
+    ptx = str(dc.compile_sparse(cfg, arch="sm_90a", keep_sass=True).artifacts.PTX)
+    assert "createpolicy.fractional.L2::evict_first" in ptx
+    assert "cp.async.cg.shared.global.L2::cache_hint" in ptx
 
 
 def test_compile_cache_reuses_objects():

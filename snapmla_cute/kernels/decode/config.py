@@ -152,8 +152,9 @@ class DecodeConfig:
     @property
     def l2_evict_first(self) -> bool:
         """The KV loads carry L2's evict-first hint: ``kv_evict_first`` where a block is read
-        by at most two query tiles' CTAs (H100, same run: dense b32 h64 s_k8192 -8%, b128
-        h128 s_k640 -7%, s_k4096 equal; four tiles, b128 h128 s_q2, +1%)."""
+        by at most two query tiles' CTAs (H100, same build off / on: dense b32 h64 s_k8192
+        -8%; two tiles, h128 s_q1, within ±3% with no consistent sign; four tiles, b128 h128
+        s_q2, +1%)."""
         return self.kv_evict_first and self.m_tiles <= 2
 
     @property

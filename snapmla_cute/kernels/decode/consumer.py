@@ -201,6 +201,8 @@ class Consumer:
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("epilogue_done", wg)
             if n_splits > 1:
+                # finish_split's first pair barrier also orders the f16 epilogue's s_amax reads
+                # before the next split's writes (Epilogue.epilogue has no barrier of its own)
                 n_mergers = self.merger_count(n_splits, work.helpers(), req, cute.size(work.m_seqlens))
                 self.finish_split(
                     io, kv_addr, m_tile, req, first, split, n_splits, n_mergers,
