@@ -134,6 +134,23 @@ def test_waiting_for_the_other_warpgroups_blocks(seed):
         ops.DECODE_TUNING.clear()
 
 
+def test_kv_loads_without_the_l2_hint(seed):
+    """``DecodeConfig.kv_evict_first=False``: the KV loads at L2's default policy (the
+    default hints evict-first where at most two query tiles read a block, h64 here). A cache
+    hint changes no value: the same output and LSE bit for bit, split requests included."""
+    import snapmla_cute.ops as ops
+
+    rng = random.Random(seed)
+    lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
+    _, out, lse = _run_and_check(len(lens), 1, 64, 64, lens, False, seed=seed)
+    ops.DECODE_TUNING.update(kv_evict_first=False)
+    try:
+        _, out2, lse2 = _run_and_check(len(lens), 1, 64, 64, lens, False, seed=seed)
+    finally:
+        ops.DECODE_TUNING.clear()
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
 def test_other_pipeline_depths(seed):
     """``DecodeConfig.kv_stages=3, pv_temps=1, qk_early=False``: a shallower KV ring, one PV
     temporary (each GEMM waits for the previous add), and QK of a block issued when its

@@ -163,6 +163,23 @@ def test_long_lists_split(seed, h, b, topk):
     check_sparse(c, out, lse)
 
 
+def test_gather_without_the_l2_hint(seed):
+    """``DecodeConfig.kv_evict_first=False``: the gather's cp.async at L2's default policy
+    (the default hints evict-first at one query token per request): the same output and LSE
+    bit for bit, over a list split across CTAs."""
+    import snapmla_cute.ops as ops
+
+    c = build_sparse_case(2, 1, 64, 64, 6000, 5000, seed=seed, minus_one=0.01)
+    out, lse = run_sparse(c)
+    check_sparse(c, out, lse)
+    ops.DECODE_TUNING.update(kv_evict_first=False)
+    try:
+        out2, lse2 = run_sparse(c)
+    finally:
+        ops.DECODE_TUNING.clear()
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
 def test_matches_dense_over_the_same_tokens(seed):
     """Lists of a request's whole context in order: the dense decode's work; both kernels
     match the same emulation."""
