@@ -23,6 +23,14 @@ registers (the instruction counts are those of the real mapping, the values are 
 and the LSE, and the split merge (a range of blocks is written as if whole: ``pair_bounds``'s
 convention). Its outputs are garbage; it never reads or writes out of bounds.
 
+Switches (``SkelConfig``): the handoff of P and the state (bulk copy, 4- or 16-byte DSMEM
+stores, st.async), P slots, ownership in pairs, and timing-only cuts: no softmax, no chain
+(softmax(g) does not wait for g-1's state), no P waits at all, ``lean`` (Q loaded once per
+range, no output writes). ``pv_sync`` waits for each PV right after its issue: left in
+flight across the loop's data-dependent branches, a PV makes ptxas serialize every WGMMA of
+the kernel (C7514, "non wgmma instructions reading accumulator registers"), which every
+variant without it shows (``sass_counts(...).gmma_run`` 1 instead of 40).
+
 Work: ``clusters`` clusters (66 on 132 SMs); cluster p takes query tile p % m_tiles and the
 (p // m_tiles)-th equal range of that tile's blocks over the whole batch (equal lengths).
 
@@ -34,7 +42,6 @@ alternating, graph replay; ``--trace ROW`` prints cluster 0's per-block %globalt
     python3 profiles/experiments/v2_skeleton.py --trace "b128 h128 s_k4096" --variants "v2 3 slots"
 """
 
-from __future__ import annotations
 
 import argparse
 import hashlib
@@ -72,6 +79,12 @@ class SkelConfig:
     heads: int = 128
     s_q: int = 1
     softmax: bool = True  # the shipped softmax step; False: S cast to e4m3 as it is
+    qk_ahead: bool = True  # a block's QK issued one block ahead by its owner (else at its softmax)
+    pv_sync: bool = False  # wait for each PV right after issuing it (no WGMMA in flight across branches)
+    p_wait: bool = True  # False: no WG waits for a block's P (timing only: the handoff's latency left out)
+    q_smem: bool = False  # QK as an SS WGMMA (Q in shared memory, never loaded: timing only) instead of RS
+    lean: bool = False  # timing only: Q loaded once per range, no output writes (their scalar L2 traffic left out)
+    chain: bool = True  # softmax(g) waits for the state of g-1; False: no serial dependency
     pairs: bool = False  # block g's CTA: (g >> 1) & 1 (chain local, remote in turn); else g & 1
     stages: int = 5
     slots: int = 2  # P / state slots per CTA
@@ -79,7 +92,9 @@ class SkelConfig:
     evict_first: bool = True
     # P and the state to the peer: "bulk" (one cp.async.bulk each, after the WG's barrier),
     # "b32" (each thread its 4-byte words, then a cluster fence and one arrival), "v4" (each
-    # warp reads back its 1 KB of P and stores it in 16-byte pieces; every thread arrives)
+    # warp reads back its 1 KB of P and stores it in 16-byte pieces; every thread arrives),
+    # "st_async" (the same pieces by st.async, completing the peer's mbarrier's transactions:
+    # the peer arms its own barrier, so no release fence or remote arrival is needed)
     handoff: str = "bulk"
     trace: bool = False  # %globaltimer stamps of cluster 0 into the trace tensor
 
@@ -127,6 +142,27 @@ def ld_shared_v4(addr: Int32, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_async_v4(cluster_addr: Int32, a, b, c, d, mbar: Int32, *, loc=None, ip=None):
+    """``st.async…mbarrier::complete_tx::bytes.v4.b32``: 16 bytes into a peer's shared memory,
+    counted on its mbarrier ``mbar`` (shared::cluster address)."""
+    ptx._asm(None, [Int32(x).ir_value(loc=loc, ip=ip) for x in (cluster_addr, a, b, c, d, mbar)],
+             "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0], {$1, $2, $3, $4}, [$5];",
+             "r,r,r,r,r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def st_async_v4_f32(cluster_addr: Int32, a, b, c, d, mbar: Int32, *, loc=None, ip=None):
+    """``st_async_v4`` of four floats."""
+    from cutlass import Float32
+
+    ptx._asm(None, [Int32(cluster_addr).ir_value(loc=loc, ip=ip)] + [Float32(x).ir_value(loc=loc, ip=ip)
+                                                                     for x in (a, b, c, d)]
+             + [Int32(mbar).ir_value(loc=loc, ip=ip)],
+             "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [$0], {$1, $2, $3, $4}, [$5];",
+             "r,f,f,f,f,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
 def mbar_expect_tx_cluster(mbar: Int32, nbytes: int, *, loc=None, ip=None):
     """One arrival on a peer's mbarrier that also expects ``nbytes`` of transactions."""
     ptx._asm(None, [Int32(mbar).ir_value(loc=loc, ip=ip)],
@@ -139,6 +175,28 @@ def _owner(cfg, g):
     if cfg.pairs:
         return (g >> 1) & 1, g & 1
     return g & 1, (g >> 1) & 1
+
+
+def _storage(cfg, kv_sl, kr_sl, p_sl):
+    """One CTA's shared memory (a plain function: a class body's `if` inside a jit function
+    would be staged)."""
+
+    @cute.struct
+    class Storage:
+        full: cute.struct.MemRange[Int64, cfg.stages]
+        empty: cute.struct.MemRange[Int64, cfg.stages]
+        pready: cute.struct.MemRange[Int64, cfg.slots]
+        pfree: cute.struct.MemRange[Int64, cfg.slots]
+        state: cute.struct.Align[cute.struct.MemRange[Float32, cfg.slots * 4 * L.M_TILE], 16]
+        ks: cute.struct.Align[cute.struct.MemRange[Float32, 64 * cfg.stages], 128]
+        kv: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(kv_sl)], 1024]
+        kr: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kr_sl)], 1024]
+        if cfg.q_smem:
+            q: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(L.q_nope_layout())], 1024]
+            qr: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(L.q_rope_layout())], 1024]
+        p: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(p_sl)], 1024]
+
+    return Storage
 
 
 class V2Skeleton:
@@ -165,9 +223,10 @@ class V2Skeleton:
 
         K = OperandMajorMode.K
         RM = warpgroup.OperandSource.RMEM
-        qk = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (64, 64), RM)
-        qk0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (64, 64), RM)
-        qkr = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K, K, Float32, (1, 1, 1), (64, 64), RM)
+        QS = warpgroup.OperandSource.SMEM if cfg.q_smem else RM
+        qk = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (64, 64), QS)
+        qk0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (64, 64), QS)
+        qkr = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K, K, Float32, (1, 1, 1), (64, 64), QS)
         pv = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (64, 64), RM)
 
         kv_sl = L.kv_content_layout(cfg.stages)
@@ -180,18 +239,7 @@ class V2Skeleton:
         tma_ks, g_ks = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), kv_s, cute.make_layout((64,)),
                                                    (64,))
 
-        @cute.struct
-        class Storage:
-            full: cute.struct.MemRange[Int64, cfg.stages]
-            empty: cute.struct.MemRange[Int64, cfg.stages]
-            pready: cute.struct.MemRange[Int64, cfg.slots]
-            pfree: cute.struct.MemRange[Int64, cfg.slots]
-            state: cute.struct.Align[cute.struct.MemRange[Float32, cfg.slots * 4 * L.M_TILE], 16]
-            ks: cute.struct.Align[cute.struct.MemRange[Float32, 64 * cfg.stages], 128]
-            kv: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(kv_sl)], 1024]
-            kr: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kr_sl)], 1024]
-            p: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(p_sl)], 1024]
-
+        Storage = _storage(cfg, kv_sl, kr_sl, p_sl)
         self.storage = Storage
         self.kernel(qk, qk0, qkr, pv, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks, q_nope, q_rope, q_scale,
                     m_block_table, out, nblk, scale_log2, m_trace, kv_sl, kr_sl, p_sl).launch(
@@ -268,6 +316,11 @@ class V2Skeleton:
         if cutlass.const_expr(cfg.evict_first):
             policy = Int64(L2_EVICT_FIRST)
         lane = cute.arch.lane_idx()
+        # block-table entries 32 at a time, one per lane (as the shipped producer): one load
+        # latency per 32 blocks instead of one per block on the producer's path
+        cur_req = Int32(-1)
+        base = Int32(0)
+        cached = Int32(0)
         for g in cutlass.range(lo, hi, unroll=1):
             k = g - lo
             s = k % cfg.stages
@@ -275,7 +328,14 @@ class V2Skeleton:
             if n >= 1:
                 self.wait(st.empty.data_ptr().toint() + 8 * s, (n - 1) & 1)
             req = g // nblk
-            page = block_table[req, g - req * nblk]
+            blk = g - req * nblk
+            if req != cur_req or blk >= base + 32:
+                cur_req = req
+                base = blk
+                cached = Int32(0)
+                if base + lane < nblk:
+                    cached = block_table[req, base + lane]
+            page = cute.arch.shuffle_sync(cached, blk - base)
             own_cta, _ = _owner(cfg, k)
             full = st.full.data_ptr() + s
             # the whole warp issues the copies (each elects one thread: elect.sync under a
@@ -308,8 +368,16 @@ class V2Skeleton:
         qkr_thr = qkr.get_slice(wg_tidx)
         pv_thr = pv.get_slice(wg_tidx)
         # Q in registers (A operands of the RS QK), loaded per unit
-        t_q = qk_thr.make_fragment_A(qk_thr.partition_shape_A((L.M_TILE, CONTENT_DIM)))
-        t_qr = qkr_thr.make_fragment_A(qkr_thr.partition_shape_A((L.M_TILE, ROPE_DIM)))
+        if cutlass.const_expr(cfg.q_smem):
+            qn_sl = L.q_nope_layout()
+            qr_sl = L.q_rope_layout()
+            s_qn = cute.slice_(st.q.get_tensor(qn_sl.outer, swizzle=qn_sl.inner), (None, None, 0))
+            s_qr = cute.slice_(st.qr.get_tensor(qr_sl.outer, swizzle=qr_sl.inner), (None, None, 0))
+            t_q = qk_thr.make_fragment_A(qk_thr.partition_A(s_qn))
+            t_qr = qkr_thr.make_fragment_A(qkr_thr.partition_A(s_qr))
+        else:
+            t_q = qk_thr.make_fragment_A(qk_thr.partition_shape_A((L.M_TILE, CONTENT_DIM)))
+            t_qr = qkr_thr.make_fragment_A(qkr_thr.partition_shape_A((L.M_TILE, ROPE_DIM)))
         t_k = qk_thr.make_fragment_B(qk_thr.partition_B(s_kv))
         t_kr = qkr_thr.make_fragment_B(qkr_thr.partition_B(s_kr))
         acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
@@ -334,6 +402,19 @@ class V2Skeleton:
 
         me = rank * 2 + wg
         pend = Int32(-1)  # a block whose PV is in flight and whose slots are not released yet
+        # the range's first block, peeled (in the loop ptxas would see a second QK issue on the
+        # back edge's path and serialize every WGMMA of the kernel)
+        if hi > lo:
+            c0, w0 = _owner(cfg, 0)
+            c1, w1 = _owner(cfg, 1)
+            first_req = lo // nblk
+            if c0 * 2 + w0 == me or c1 * 2 + w1 == me:
+                # the first unit's Q, into registers (the next units' are loaded a block
+                # ahead, with the QK that needs them)
+                self.load_q(q_nope, q_rope, qk_thr, qkr_thr, t_q, t_qr, tile, first_req)
+            if c0 * 2 + w0 == me:
+                self.wait(st.full.data_ptr().toint(), 0)
+                self.issue_qk(qk, qk0, qkr, acc_s, t_q, t_qr, t_k, t_kr, 0)
         for g in cutlass.range(lo, hi, unroll=1):
             k = g - lo
             slot = k % cfg.slots
@@ -345,25 +426,30 @@ class V2Skeleton:
             nxt_cta, nxt_wg = _owner(cfg, k + 1)
             in_range = Int32(g + 1 < hi)
             lead = nxt_cta * 2 + nxt_wg + 4 * (1 - in_range) == me  # I own block k+1
-            if k == 0:
-                if mine or lead:
-                    # the first unit's Q, into registers (the next units' are loaded a block
-                    # ahead, with the QK that needs them)
-                    self.load_q(q_nope, q_rope, qk_thr, qkr_thr, t_q, t_qr, tile, req)
-                if mine:
-                    self.wait(st.full.data_ptr().toint(), 0)
-                    self.issue_qk(qk, qk0, qkr, acc_s, t_q, t_qr, t_k, t_kr, 0)
-            if lead:
+            if cutlass.const_expr(cfg.handoff == "st_async"):
+                # the peer owns block k: arm this CTA's barrier for its 5 KB (the phase of k-slots
+                # is complete: every WG waited for it two or more blocks ago)
+                if own_cta != rank:
+                    if wg_tidx == 0 and wg == 0:
+                        cute.arch.mbarrier_arrive_and_expect_tx(st.pready.data_ptr() + slot,
+                                                                L.M_TILE * L.BLOCK_N + 16 * L.M_TILE)
+            if lead and cfg.qk_ahead:
                 # QK of the next block (mine) a block ahead; PV(k) waits for my softmax(k+1),
                 # which is on the chain
                 s1 = (k + 1) % cfg.stages
                 self.wait(st.full.data_ptr().toint() + 8 * s1, ((k + 1) // cfg.stages) & 1)
-                if blk + 1 == nblk:
-                    self.load_q(q_nope, q_rope, qk_thr, qkr_thr, t_q, t_qr, tile, req + 1)
+                if cutlass.const_expr(not cfg.lean):
+                    if blk + 1 == nblk:
+                        self.load_q(q_nope, q_rope, qk_thr, qkr_thr, t_q, t_qr, tile, req + 1)
                 self.issue_qk(qk, qk0, qkr, acc_s, t_q, t_qr, t_k, t_kr, s1)
             if mine:
                 if wg_tidx == 0:
                     self.stamp(0, k)
+                if cutlass.const_expr(not cfg.qk_ahead):
+                    self.wait(st.full.data_ptr().toint() + 8 * (k % cfg.stages), (k // cfg.stages) & 1)
+                    if blk == 0:
+                        self.load_q(q_nope, q_rope, qk_thr, qkr_thr, t_q, t_qr, tile, req)
+                    self.issue_qk(qk, qk0, qkr, acc_s, t_q, t_qr, t_k, t_kr, k % cfg.stages)
                 warpgroup.wait_group(0)  # QK(k), and the PV before it
                 if pend >= 0:
                     self.release(st, pend, peer, lane)
@@ -372,7 +458,8 @@ class V2Skeleton:
                     softmax.start_request(c_s_mn, q_scale, tile, req, nblk * 64, scale_log2)
                     softmax.reset()
                 else:
-                    self.wait_p(st, k - 1)  # the state of block k-1
+                    if cutlass.const_expr(cfg.chain):
+                        self.wait_p(st, k - 1)  # the state of block k-1
                     if wg_tidx == 0:
                         self.stamp(2, k)
                     exchange.read_state((k - 1) % cfg.slots, c_s_mn, softmax.other_state())
@@ -388,7 +475,8 @@ class V2Skeleton:
                     self.wait(st.pfree.data_ptr().toint() + 8 * slot, ((k - cfg.slots) // cfg.slots) & 1)
                 if wg_tidx == 0:
                     self.stamp(5, k)
-                self.publish(t_p, p_addr, state_addr, slot, wg_tidx, peer, exchange, c_s_mn, softmax)
+                self.publish(t_p, p_addr, state_addr, st.pready.data_ptr().toint(), slot, wg_tidx, peer, exchange,
+                             c_s_mn, softmax)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 if cutlass.const_expr(cfg.handoff == "v4"):
                     # every thread: its stores are released to the local and the remote waiters
@@ -402,7 +490,9 @@ class V2Skeleton:
                     self.stamp(1, k)
                     cute.arch.mbarrier_arrive(st.pready.data_ptr() + slot)
                     bar_peer = ptx.mapa(st.pready.data_ptr().toint() + 8 * slot, peer)
-                    if cutlass.const_expr(cfg.handoff == "bulk"):
+                    if cutlass.const_expr(cfg.handoff == "st_async"):
+                        pass  # the stores complete the peer's barrier themselves
+                    elif cutlass.const_expr(cfg.handoff == "bulk"):
                         p_bytes = L.M_TILE * L.BLOCK_N
                         st_bytes = 4 * 4 * L.M_TILE
                         mbar_expect_tx_cluster(bar_peer, p_bytes + st_bytes)
@@ -438,24 +528,27 @@ class V2Skeleton:
     @cute.jit
     def wait(self, addr, phase):
         """Waits for phase ``phase`` of this CTA's mbarrier at ``addr``; traps after 2 s."""
-        t0 = cute.arch.globaltimer()
-        while ptx.mbar_try_wait_cluster(addr, phase) == 0:
-            if cute.arch.globaltimer() - t0 > 2_000_000_000:
-                ptx.trap()  # a protocol error fails the launch instead of hanging
+        if ptx.mbar_try_wait_cluster(addr, phase) == 0:
+            t0 = cute.arch.globaltimer()  # read only when the first try fails
+            while ptx.mbar_try_wait_cluster(addr, phase) == 0:
+                if cute.arch.globaltimer() - t0 > 2_000_000_000:
+                    ptx.trap()  # a protocol error fails the launch instead of hanging
 
     @cute.jit
     def wait_p(self, st, k):
         """P and the softmax state of block k are in this CTA's slot (written by its owner,
         here or in the peer)."""
         cfg = self.cfg
-        self.wait(st.pready.data_ptr().toint() + 8 * (k % cfg.slots), (k // cfg.slots) & 1)
+        if cutlass.const_expr(cfg.p_wait):
+            self.wait(st.pready.data_ptr().toint() + 8 * (k % cfg.slots), (k // cfg.slots) & 1)
         cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
     def pv_block(self, pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out, kv_addr, lo, hi, nblk, k,
                  pend, rank, peer, tile, wg, warp_in_wg, lane):
         """O = γ_k·O + Vᵀ_k·P_kᵀ for this WG's 128 dims; the unit's epilogue after its last
-        block. Returns the block whose PV is left in flight (-1: none)."""
+        block. Returns the block whose slots are not released yet (-1: none); with
+        ``pv_sync`` its PV is already done."""
         cfg = self.cfg
         slot = k % cfg.slots
         s = k % cfg.stages
@@ -470,8 +563,8 @@ class V2Skeleton:
         for jj in cutlass.range_constexpr(cute.size(c_o_mn, mode=[1])):
             gam[jj] = s_state[c_o_mn[0, jj][1], 3, slot]
         self.wait(st.full.data_ptr().toint() + 8 * s, (k // cfg.stages) & 1)
+        warpgroup.wait_group(0)  # the previous PV has read its Vᵀ registers and written O
         self.load_vt(t_vt, kv_addr, s, rank, wg, warp_in_wg, lane)
-        warpgroup.wait_group(0)
         if pend >= 0:
             self.release(st, pend, peer, lane)
         if blk == 0:
@@ -486,6 +579,8 @@ class V2Skeleton:
             for kb in cutlass.range_constexpr(cute.size(t_pb, mode=[2])):
                 cute.gemm(pv, acc_o[h], t_vt[h][None, None, kb], t_pb[None, None, kb, slot], acc_o[h])
         warpgroup.commit_group()
+        if cutlass.const_expr(cfg.pv_sync):
+            warpgroup.wait_group(0)
         if wg == 0:
             if warp_in_wg == 0:
                 if lane == 0:
@@ -495,7 +590,8 @@ class V2Skeleton:
             warpgroup.wait_group(0)
             self.release(st, k, peer, lane)
             nxt = Int32(-1)
-            self.epilogue(acc_o_mn, c_o_mn, out, tile, req, rank, wg)
+            if cutlass.const_expr(not cfg.lean):
+                self.epilogue(acc_o_mn, c_o_mn, out, tile, req, rank, wg)
         return nxt
 
     @cute.jit
@@ -510,6 +606,8 @@ class V2Skeleton:
 
     @cute.jit
     def load_q(self, q_nope, q_rope, qk_thr, qkr_thr, t_q, t_qr, tile, req):
+        if cutlass.const_expr(self.cfg.q_smem):
+            return  # timing only: Q's shared memory is never written
         gq = cute.local_tile(q_nope[None, None, req], (L.M_TILE, CONTENT_DIM), (tile, 0))
         gqr = cute.local_tile(q_rope[None, None, req], (L.M_TILE, ROPE_DIM), (tile, 0))
         cute.autovec_copy(qk_thr.partition_A(gq), t_q)
@@ -539,10 +637,12 @@ class V2Skeleton:
         return operand
 
     @cute.jit
-    def publish(self, t_p, p_addr, state_addr, slot, wg_tidx, peer, exchange, c_s_mn, softmax):
-        """P into this CTA's slot (two stmatrix.x4, v1's layout) and the peer's (eight 4-byte
-        st.shared::cluster, as the A-fragment words map to P's K-major bytes); the state
-        into both (a quad's leader, its two rows: 16 bytes each)."""
+    def publish(self, t_p, p_addr, state_addr, pready_addr, slot, wg_tidx, peer, exchange, c_s_mn, softmax):
+        """P into this CTA's slot (two stmatrix.x4, v1's layout) and the state (a quad's
+        leader, its two rows: 16 bytes each); to the peer by ``handoff``: "b32" eight 4-byte
+        stores a thread (the A-fragment words where P's K-major bytes go), "v4" / "st_async"
+        the warp's 1 KB read back and stored in 16-byte pieces, "bulk" nothing here (the
+        caller's bulk copy)."""
         cfg = self.cfg
         words = cute.recast_tensor(t_p, Uint32)
         base = slot * (L.M_TILE * L.BLOCK_N)
@@ -556,15 +656,25 @@ class V2Skeleton:
                     rr = r0 + 8 * (i % 2)
                     col = kb * 32 + (i // 2) * 16 + (wg_tidx % 4) * 4
                     st_cluster_b32(remote + rr * 64 + (col ^ ((rr % 4) * 16)), Int32(words[i, 0, kb]))
-        if cutlass.const_expr(cfg.handoff == "v4"):
+        bar_peer = ptx.mapa(pready_addr + 8 * slot, peer)
+        if cutlass.const_expr(cfg.handoff in ("v4", "st_async")):
             # the warp's own 16 rows of P (1 KB, written by its stmatrix) to the peer
             cute.arch.sync_warp()
             for half in cutlass.range_constexpr(2):
                 off = base + 1024 * (wg_tidx // 32) + 32 * (wg_tidx % 32) + 16 * half
                 v = ld_shared_v4(p_addr + off)
-                st_cluster_v4_b32(ptx.mapa(p_addr + off, peer), *v)
+                if cutlass.const_expr(cfg.handoff == "v4"):
+                    st_cluster_v4_b32(ptx.mapa(p_addr + off, peer), *v)
+                else:
+                    st_async_v4(ptx.mapa(p_addr + off, peer), *v, bar_peer)
         exchange.write_state(slot, c_s_mn, softmax.own_state(), wg_tidx)
-        if wg_tidx % 4 == 0 and cfg.handoff != "bulk":
+        if wg_tidx % 4 == 0 and cfg.handoff == "st_async":
+            for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
+                lr = c_s_mn[i, 0][0]
+                a = ptx.mapa(state_addr + 4 * (lr * 4 + slot * 4 * L.M_TILE), peer)
+                st_async_v4_f32(a, softmax.row_max[i], softmax.sigma_p[i], softmax.row_sum[i], softmax.gamma[i],
+                                bar_peer)
+        if wg_tidx % 4 == 0 and cfg.handoff in ("b32", "v4"):
             for i in cutlass.range_constexpr(cute.size(c_s_mn, mode=[0])):
                 lr = c_s_mn[i, 0][0]
                 a = ptx.mapa(state_addr + 4 * (lr * 4 + slot * 4 * L.M_TILE), peer)
@@ -643,10 +753,36 @@ ROWS = {  # the bench's rows this dataflow serves (dense, s_q·h ≥ 64), (b, h,
     "b128 h128 s_q2 s_k8192": (128, 128, 2, 8192),  # not causal here: a lower bound for the causal row
     "b1 h128 s_k640": (1, 128, 1, 640),
 }
-VARIANTS = {"v2": {}, "v2 3 slots": {"slots": 3}, "v2 pairs, 3 slots": {"pairs": True, "slots": 3},
-            "v2 3 slots, b32 stores": {"slots": 3, "handoff": "b32"},
-            "v2 3 slots, v4 stores": {"slots": 3, "handoff": "v4"}, "v2 3 slots, no softmax": {"slots": 3, "softmax": False},
-            "v2 3 slots, v4 stores, no softmax": {"slots": 3, "handoff": "v4", "softmax": False}}
+VARIANTS = {
+    # without pv_sync a PV stays in flight across the loop's branches and ptxas serializes
+    # every WGMMA of the kernel (C7514): how the handoffs and slot counts were first compared
+    "v2 serialized, 2 slots, bulk": {},
+    "v2 serialized, 3 slots, bulk": {"slots": 3},
+    "v2 serialized, pairs, 3 slots, bulk": {"pairs": True, "slots": 3},
+    "v2 serialized, 3 slots, b32 stores": {"slots": 3, "handoff": "b32"},
+    "v2 serialized, 3 slots, v4 stores": {"slots": 3, "handoff": "v4"},
+    "v2 serialized, 3 slots, st.async": {"slots": 3, "handoff": "st_async"},
+    # the PV waited right after its issue: WGMMAs pipelined
+    "v2": {"slots": 3, "handoff": "st_async", "pv_sync": True},
+    "v2 bulk": {"slots": 3, "handoff": "bulk", "pv_sync": True},
+    "v2 pairs": {"slots": 3, "handoff": "st_async", "pv_sync": True, "pairs": True},
+    "v2 no chain": {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False},
+    "v2 no chain, no softmax": {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False, "softmax": False},
+    "v2 no P waits, no softmax": {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False, "softmax": False,
+                                  "p_wait": False},
+    "v2 lean": {"slots": 3, "handoff": "st_async", "pv_sync": True, "lean": True},
+    "v2 no P waits, no softmax, lean": {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False,
+                                        "softmax": False, "p_wait": False, "lean": True},
+    "v2 lean, 4 stages": {"slots": 3, "handoff": "st_async", "pv_sync": True, "lean": True, "stages": 4},
+    "v2 lean, SS QK": {"slots": 3, "handoff": "st_async", "pv_sync": True, "lean": True, "stages": 4,
+                       "q_smem": True},
+    "v2 no P waits, no softmax, lean, SS QK": {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False,
+                                               "softmax": False, "p_wait": False, "lean": True, "stages": 4,
+                                               "q_smem": True},
+    "v2 no L2 hint": {"slots": 3, "handoff": "st_async", "pv_sync": True, "evict_first": False},
+    "v2 no P waits, no softmax, no L2 hint": {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False,
+                                              "softmax": False, "p_wait": False, "evict_first": False},
+}
 
 
 def _compile_item(item):
@@ -668,9 +804,12 @@ def main():
     ap.add_argument("--rows", nargs="*", default=list(ROWS))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=12)
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=[v for v in VARIANTS if "serialized" not in v])
     ap.add_argument("--trace", default="", help="a row: print cluster 0's per-block stamps (µs) of the v2 variant")
+    ap.add_argument("--once", default="", help="a row: run each variant 3 times and stop (an ncu target)")
     a = ap.parse_args()
+    if a.once:
+        return once(a.once, a.variants)
     if a.trace:
         for v in a.variants:
             print(v, flush=True)
@@ -717,6 +856,24 @@ def main():
 
 EVENTS = ["own: top", "own: WG barrier passed", "own: state(k-1) in", "own: P(k) out", "own: softmax done",
           "own: P slot free", "WG0: P(k) in", "WG0: PV(k) issued"]
+
+
+def once(row, variants):
+    import torch
+
+    from snapmla_cute.profiling import Shape, make_case
+
+    b, h, s_q, s_k = ROWS[row]
+    c = make_case(Shape("v2", b, h, s_q, s_k, False))
+    q_nope, q_rope, q_scale = c["q"]
+    out = torch.empty_like(c["out"])
+    tr = torch.zeros(2 * 8 * 512, dtype=torch.int32, device="cuda")
+    for v in variants:
+        fn = compile_skeleton(SkelConfig(h, s_q, **VARIANTS[v]))
+        for _ in range(3):
+            fn(q_nope.view(torch.uint8), q_rope, q_scale, c["block_table"], out, c["cache"].kv, c["cache"].kv_scale,
+               s_k // 64, 0.1, tr)
+    torch.cuda.synchronize()
 
 
 def trace(row, variant):
