@@ -60,10 +60,10 @@ from cutlass.memory import SmemAllocator
 from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels import ptx
 from snapmla_cute.kernels.decode.config import FP8, L2_EVICT_FIRST, DecodeConfig
+from snapmla_cute.kernels.decode.consumer import Consumer
 from snapmla_cute.kernels.decode.softmax import OnlineSoftmax
 from snapmla_cute.kernels.views import view as _view
 from snapmla_cute.layouts import mma as M
-from snapmla_cute.layouts import p_permute as PP
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines.handshakes import PairExchange
 
@@ -97,6 +97,11 @@ class SkelConfig:
     # the peer arms its own barrier, so no release fence or remote arrival is needed)
     handoff: str = "bulk"
     trace: bool = False  # %globaltimer stamps of cluster 0 into the trace tensor
+
+    @property
+    def pi_order(self):
+        """P packed in the token order π, as v1 ships it (``Consumer.acc_to_fp8_operand``)."""
+        return True
 
     @property
     def m_tiles(self):
@@ -468,7 +473,7 @@ class V2Skeleton:
                     ks_pre[jj] = s_ks[c_s_mn[0, jj][1], k % cfg.stages]
                 if cutlass.const_expr(cfg.softmax):
                     softmax.step(acc_s_mn, c_s_mn, ks_pre, blk, nblk * 64, blk == 0, False, None)
-                t_p = self.to_fp8(acc_s, pv.tv_layout_A)
+                t_p = Consumer.acc_to_fp8_operand(self, acc_s, pv.tv_layout_A)  # v1's cast, π-packed
                 if wg_tidx == 0:
                     self.stamp(4, k)
                 if k >= cfg.slots:
@@ -621,20 +626,6 @@ class V2Skeleton:
         for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
             cute.gemm(qkr, acc_s, t_qr[None, None, kb], t_kr[None, None, kb, s], acc_s)
         warpgroup.commit_group()
-
-    @cute.jit
-    def to_fp8(self, acc, operand_layout_tv):
-        """S (or P'/σ_p) → e4m3 A-fragment registers, π-packed (one prmt a word), as v1."""
-        operand = cute.make_rmem_tensor_like(M.c_to_a_layout(acc.layout, operand_layout_tv.shape[1]), FP8)
-        operand_as_acc = cute.make_tensor(operand.iterator, acc.layout)
-        operand_as_acc.store(acc.load().to(FP8))
-        values = cute.recast_tensor(operand, Uint32)
-        for n in cutlass.range_constexpr(cute.size(values, mode=[1])):
-            for kk in cutlass.range_constexpr(cute.size(values, mode=[2])):
-                for ii in cutlass.range_constexpr(0, 4, 2):
-                    values[ii, n, kk], values[ii + 1, n, kk] = PP.pi_pack(
-                        values[ii, n, kk], values[ii + 1, n, kk], cute.arch.prmt)
-        return operand
 
     @cute.jit
     def publish(self, t_p, p_addr, state_addr, pready_addr, slot, wg_tidx, peer, exchange, c_s_mn, softmax):
