@@ -24,12 +24,22 @@ and the LSE, and the split merge (a range of blocks is written as if whole: ``pa
 convention). Its outputs are garbage; it never reads or writes out of bounds.
 
 Switches (``SkelConfig``): the handoff of P and the state (bulk copy, 4- or 16-byte DSMEM
-stores, st.async), P slots, ownership in pairs, and timing-only cuts: no softmax, no chain
-(softmax(g) does not wait for g-1's state), no P waits at all, ``lean`` (Q loaded once per
-range, no output writes). ``pv_sync`` waits for each PV right after its issue: left in
-flight across the loop's data-dependent branches, a PV makes ptxas serialize every WGMMA of
-the kernel (C7514, "non wgmma instructions reading accumulator registers"), which every
-variant without it shows (``sass_counts(...).gmma_run`` 1 instead of 40).
+stores, st.async), P slots, KV stages, ownership in pairs, QK as an SS WGMMA, a WG's PVs of
+two blocks issued together (``pv_pairs``), the memory-model scope of the handshakes
+(``scope``), and timing-only cuts: no softmax, no chain (softmax(g) does not wait for g-1's
+state), no P waits at all, ``lean`` (Q loaded once per range; the output written only under
+a condition false at run time, so that O, and with it every PV, stays live), no QK / PV
+WGMMAs, no Vᵀ loads. ``pv_sync`` waits for each PV right after its issue: left in flight
+across the loop's data-dependent branches, a PV makes ptxas serialize every WGMMA of the
+kernel (C7514, "non wgmma instructions reading accumulator registers"), which every variant
+without it shows (``sass_counts(...).gmma_run`` 1 instead of 40).
+
+``scope="cluster"`` (the first builds) waits with acquire.cluster and arrives remotely with
+release.cluster: ptxas puts a CCTL.IVALL (L1 invalidate) after every wait and MEMBAR.ALL.GPU
++ ERRBAR before every remote arrival, which took a third of the consumer warps' stall
+samples. ``scope="cta"`` is what CUTLASS's pipelines do and what a real kernel would: every
+payload here arrives by TMA or st.async, whose bytes the barrier itself counts, and a remote
+arrival only frees a slot whose reads are complete.
 
 Work: ``clusters`` clusters (66 on 132 SMs); cluster p takes query tile p % m_tiles and the
 (p // m_tiles)-th equal range of that tile's blocks over the whole batch (equal lengths).
@@ -39,7 +49,7 @@ alternating, graph replay; ``--trace ROW`` prints cluster 0's per-block %globalt
 (µs) of each variant instead. Results and their reading: NOTES, "Decode v2's dataflow".
 
     python3 profiles/experiments/v2_skeleton.py [--rows ...] [--variants ...] [--reps 3]
-    python3 profiles/experiments/v2_skeleton.py --trace "b128 h128 s_k4096" --variants "v2 3 slots"
+    python3 profiles/experiments/v2_skeleton.py --trace "b128 h128 s_k4096" --variants "v2, cta scope"
 """
 
 
@@ -96,6 +106,21 @@ class SkelConfig:
     # "st_async" (the same pieces by st.async, completing the peer's mbarrier's transactions:
     # the peer arms its own barrier, so no release fence or remote arrival is needed)
     handoff: str = "bulk"
+    # a WG's PVs of two consecutive blocks of a unit issued together (the second into a
+    # temporary, O = γ·O + T after one wait): half the serial PV round trips; needs the
+    # registers an SS QK frees (q_smem)
+    pv_pairs: bool = False
+    # timing-only cuts of the data path: no QK WGMMAs, no PV WGMMAs, no Vᵀ ldmatrix
+    qk_gemm: bool = True
+    pv_gemm: bool = True
+    vt_load: bool = True
+    # memory-model scope of the mbarrier handshakes: "cluster" (every wait acquire.cluster,
+    # every remote arrival release.cluster: ptxas emits CCTL.IVALL after each wait and
+    # ERRBAR + CGAERRBAR before each remote arrival) or "cta" (CUTLASS's pipelines: waits and
+    # arrivals at their default .cta scope; enough where the data comes by TMA or st.async,
+    # whose completion the barrier itself tracks, and where an arrival only frees a slot
+    # whose reads are complete)
+    scope: str = "cluster"
     trace: bool = False  # %globaltimer stamps of cluster 0 into the trace tensor
 
     @property
@@ -175,6 +200,25 @@ def mbar_expect_tx_cluster(mbar: Int32, nbytes: int, *, loc=None, ip=None):
              loc, ip)
 
 
+@dsl_user_op
+def mbar_try_wait_cta(smem_addr: Int32, phase: Int32, *, loc=None, ip=None) -> Int32:
+    """``mbarrier.try_wait.parity.shared::cta.b64`` (default: acquire, cta scope)."""
+    from cutlass.cutlass_dsl import T
+
+    res = ptx._asm(T.i32(), [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int32(phase).ir_value(loc=loc, ip=ip)],
+                   "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }",
+                   "=r,r,r,~{memory}", loc, ip)
+    return Int32(res)
+
+
+@dsl_user_op
+def mbar_arrive_remote(cluster_addr: Int32, *, loc=None, ip=None):
+    """``mbarrier.arrive.shared::cluster.b64`` (default: release, cta scope), as CUTLASS's
+    ``ClusterBarrier::arrive(cta_id)``."""
+    ptx._asm(None, [Int32(cluster_addr).ir_value(loc=loc, ip=ip)],
+             "mbarrier.arrive.shared::cluster.b64 _, [$0];", "r,~{memory}", loc, ip)
+
+
 def _owner(cfg, g):
     """(CTA, WG) that owns block g of a range (g counted from the range's start)."""
     if cfg.pairs:
@@ -233,6 +277,7 @@ class V2Skeleton:
         qk0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (64, 64), QS)
         qkr = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K, K, Float32, (1, 1, 1), (64, 64), QS)
         pv = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (64, 64), RM)
+        pv0 = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (64, 64), RM)
 
         kv_sl = L.kv_content_layout(cfg.stages)
         kr_sl = L.kv_rope_layout(cfg.stages)
@@ -246,14 +291,14 @@ class V2Skeleton:
 
         Storage = _storage(cfg, kv_sl, kr_sl, p_sl)
         self.storage = Storage
-        self.kernel(qk, qk0, qkr, pv, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks, q_nope, q_rope, q_scale,
+        self.kernel(qk, qk0, qkr, pv, pv0, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks, q_nope, q_rope, q_scale,
                     m_block_table, out, nblk, scale_log2, m_trace, kv_sl, kr_sl, p_sl).launch(
             grid=[2, cfg.parts, 1], block=[384, 1, 1], cluster=[2, 1, 1], smem=Storage.size_in_bytes(),
             stream=stream, min_blocks_per_mp=1,
         )
 
     @cute.kernel
-    def kernel(self, qk: cute.TiledMma, qk0: cute.TiledMma, qkr: cute.TiledMma, pv: cute.TiledMma,
+    def kernel(self, qk: cute.TiledMma, qk0: cute.TiledMma, qkr: cute.TiledMma, pv: cute.TiledMma, pv0: cute.TiledMma,
                tma_kv: cute.CopyAtom, g_kv: cute.Tensor, tma_kr: cute.CopyAtom, g_kr: cute.Tensor,
                tma_ks: cute.CopyAtom, g_ks: cute.Tensor, q_nope: cute.Tensor, q_rope: cute.Tensor,
                q_scale: cute.Tensor, block_table: cute.Tensor, out: cute.Tensor, nblk: Int32, scale_log2: Float32,
@@ -298,7 +343,7 @@ class V2Skeleton:
                              hi, rank)
         else:
             cute.arch.setmaxregister_increase(240)
-            self.consume(qk, qk0, qkr, pv, s_kv, s_kr, s_ks, s_p, s_state, st, q_nope, q_rope, q_scale, out, nblk,
+            self.consume(qk, qk0, qkr, pv, pv0, s_kv, s_kr, s_ks, s_p, s_state, st, q_nope, q_rope, q_scale, out, nblk,
                          scale_log2, lo, hi, rank, tile, wg_idx - 1, tidx % 128)
         # no CTA leaves while its peer may still arrive on or store into it
         cute.arch.cluster_arrive()
@@ -360,7 +405,7 @@ class V2Skeleton:
                           cache_policy=policy)
 
     @cute.jit
-    def consume(self, qk, qk0, qkr, pv, s_kv, s_kr, s_ks, s_p, s_state, st, q_nope, q_rope, q_scale, out, nblk,
+    def consume(self, qk, qk0, qkr, pv, pv0, s_kv, s_kr, s_ks, s_p, s_state, st, q_nope, q_rope, q_scale, out, nblk,
                 scale_log2, lo, hi, rank, tile, wg, wg_tidx):
         cfg = self.cfg
         peer = 1 - rank
@@ -369,6 +414,7 @@ class V2Skeleton:
         for mma in (qk, qkr, pv):
             mma.set(warpgroup.Field.ACCUMULATE, True)
         qk0.set(warpgroup.Field.ACCUMULATE, False)
+        pv0.set(warpgroup.Field.ACCUMULATE, False)
         qk_thr = qk.get_slice(wg_tidx)
         qkr_thr = qkr.get_slice(wg_tidx)
         pv_thr = pv.get_slice(wg_tidx)
@@ -397,6 +443,11 @@ class V2Skeleton:
         c_o = pv_thr.partition_C(cute.make_identity_tensor((64, L.M_TILE)))
         c_o_mn = cute.make_tensor(c_o.iterator, M.acc_mn_layout(pv, c_o.layout))
         t_vt = [pv_thr.make_fragment_A(pv_thr.partition_shape_A((64, L.BLOCK_N))) for _ in range(2)]
+        # pv_pairs: the second block's Vᵀ and its PV temporary
+        t_vt2 = [pv_thr.make_fragment_A(pv_thr.partition_shape_A((64, L.BLOCK_N))) for _ in range(2)]
+        acc_t = [pv_thr.make_fragment_C(pv_thr.partition_shape_C((64, L.M_TILE))) for _ in range(2)]
+        acc_t_mn = [cute.make_tensor(a.iterator, M.acc_mn_layout(pv, a.layout)) for a in acc_t]
+        pair = (pv0, t_vt2, acc_t, acc_t_mn)
         softmax = OnlineSoftmax.create(self.dcfg, rows_per_thr)
         exchange = PairExchange(s_state)
         wg_bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
@@ -404,6 +455,8 @@ class V2Skeleton:
         kv_addr = s_kv.iterator.toint()
         state_addr = s_state.iterator.toint()
         gam = cute.make_rmem_tensor((cute.size(c_o_mn, mode=[1]),), Float32)
+        gam1 = cute.make_rmem_tensor((cute.size(c_o_mn, mode=[1]),), Float32)
+        dfr = Int32(-1)  # pv_pairs: a plain block whose PV waits for the next one's
 
         me = rank * 2 + wg
         pend = Int32(-1)  # a block whose PV is in flight and whose slots are not released yet
@@ -509,16 +562,52 @@ class V2Skeleton:
                         cute.arch.fence_acq_rel_cluster()
                         ptx.mbar_arrive_cluster(bar_peer)
                     self.stamp(3, k)
-                if k >= 1:
-                    # the PV of block k-1, deferred from my lead iteration
-                    pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out, kv_addr,
-                                         lo, hi, nblk, k - 1, pend, rank, peer, tile, wg, warp_in_wg, lane)
-                pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out, kv_addr,
-                                     lo, hi, nblk, k, pend, rank, peer, tile, wg, warp_in_wg, lane)
-            else:
-                if not lead:
+                if cutlass.const_expr(cfg.pv_pairs):
+                    if Int32(k >= 1) + Int32(blk >= 1) == 2:
+                        # PV(k-1), deferred from my lead iteration, and PV(k) together
+                        pend = self.pv_pair(pv, pair, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, gam1, s_state, st,
+                                            out, kv_addr, lo, hi, nblk, k - 1, pend, rank, peer, tile, wg,
+                                            warp_in_wg, lane)
+                    else:
+                        if k >= 1:
+                            pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out,
+                                                 kv_addr, lo, hi, nblk, k - 1, pend, rank, peer, tile, wg,
+                                                 warp_in_wg, lane)
+                        pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out,
+                                             kv_addr, lo, hi, nblk, k, pend, rank, peer, tile, wg, warp_in_wg, lane)
+                else:
+                    if k >= 1:
+                        # the PV of block k-1, deferred from my lead iteration
+                        pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out,
+                                             kv_addr, lo, hi, nblk, k - 1, pend, rank, peer, tile, wg, warp_in_wg,
+                                             lane)
                     pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out, kv_addr,
                                          lo, hi, nblk, k, pend, rank, peer, tile, wg, warp_in_wg, lane)
+            else:
+                if not lead:
+                    if cutlass.const_expr(cfg.pv_pairs):
+                        # defer PV(k) when block k+1 is plain for me too and in the same unit
+                        n2_cta, n2_wg = _owner(cfg, k + 2)
+                        plain = (Int32(nxt_cta * 2 + nxt_wg != me) + Int32(n2_cta * 2 + n2_wg != me)
+                                 + Int32(g + 1 < hi) + Int32(blk + 1 < nblk))
+                        if dfr >= 0:
+                            pend = self.pv_pair(pv, pair, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, gam1, s_state,
+                                                st, out, kv_addr, lo, hi, nblk, dfr, pend, rank, peer, tile, wg,
+                                                warp_in_wg, lane)
+                            dfr = Int32(-1)
+                        elif plain == 4:
+                            dfr = k
+                        else:
+                            pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out,
+                                                 kv_addr, lo, hi, nblk, k, pend, rank, peer, tile, wg, warp_in_wg,
+                                                 lane)
+                    else:
+                        pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out, kv_addr,
+                                             lo, hi, nblk, k, pend, rank, peer, tile, wg, warp_in_wg, lane)
+        if cutlass.const_expr(cfg.pv_pairs):
+            if dfr >= 0:  # (never: a deferred block's successor pairs with it)
+                pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out, kv_addr, lo,
+                                     hi, nblk, dfr, pend, rank, peer, tile, wg, warp_in_wg, lane)
         warpgroup.wait_group(0)
 
     @cute.jit
@@ -533,9 +622,10 @@ class V2Skeleton:
     @cute.jit
     def wait(self, addr, phase):
         """Waits for phase ``phase`` of this CTA's mbarrier at ``addr``; traps after 2 s."""
-        if ptx.mbar_try_wait_cluster(addr, phase) == 0:
+        try_wait = ptx.mbar_try_wait_cluster if self.cfg.scope == "cluster" else mbar_try_wait_cta
+        if try_wait(addr, phase) == 0:
             t0 = cute.arch.globaltimer()  # read only when the first try fails
-            while ptx.mbar_try_wait_cluster(addr, phase) == 0:
+            while try_wait(addr, phase) == 0:
                 if cute.arch.globaltimer() - t0 > 2_000_000_000:
                     ptx.trap()  # a protocol error fails the launch instead of hanging
 
@@ -580,7 +670,7 @@ class V2Skeleton:
                 for j in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[1])):
                     acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * gam[j]
         warpgroup.fence()
-        for h in cutlass.range_constexpr(2):
+        for h in cutlass.range_constexpr(2 if cfg.pv_gemm else 0):
             for kb in cutlass.range_constexpr(cute.size(t_pb, mode=[2])):
                 cute.gemm(pv, acc_o[h], t_vt[h][None, None, kb], t_pb[None, None, kb, slot], acc_o[h])
         warpgroup.commit_group()
@@ -595,9 +685,65 @@ class V2Skeleton:
             warpgroup.wait_group(0)
             self.release(st, k, peer, lane)
             nxt = Int32(-1)
-            if cutlass.const_expr(not cfg.lean):
-                self.epilogue(acc_o_mn, c_o_mn, out, tile, req, rank, wg)
+            self.finish(acc_o_mn, c_o_mn, out, tile, req, rank, wg, nblk)
         return nxt
+
+    @cute.jit
+    def pv_pair(self, pv, pair, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, gam1, s_state, st, out, kv_addr, lo, hi,
+                nblk, k, pend, rank, peer, tile, wg, warp_in_wg, lane):
+        """``pv_pairs``: blocks k and k+1 of one unit. O = γ_k·O, O += Vᵀ_k·P_kᵀ and
+        T = Vᵀ_k+1·P_k+1ᵀ issued together, one wait, O = γ_k+1·O + T. Both are released
+        here; returns -1."""
+        cfg = self.cfg
+        pv0, t_vt2, acc_t, acc_t_mn = pair
+        k1 = k + 1
+        slot0 = k % cfg.slots
+        slot1 = k1 % cfg.slots
+        g = lo + k
+        req = g // nblk
+        blk = g - req * nblk
+        self.wait_p(st, k)
+        self.wait_p(st, k1)
+        for jj in cutlass.range_constexpr(cute.size(c_o_mn, mode=[1])):
+            gam[jj] = s_state[c_o_mn[0, jj][1], 3, slot0]
+            gam1[jj] = s_state[c_o_mn[0, jj][1], 3, slot1]
+        self.wait(st.full.data_ptr().toint() + 8 * (k % cfg.stages), (k // cfg.stages) & 1)
+        self.wait(st.full.data_ptr().toint() + 8 * (k1 % cfg.stages), (k1 // cfg.stages) & 1)
+        warpgroup.wait_group(0)
+        self.load_vt(t_vt, kv_addr, k % cfg.stages, rank, wg, warp_in_wg, lane)
+        self.load_vt(t_vt2, kv_addr, k1 % cfg.stages, rank, wg, warp_in_wg, lane)
+        if pend >= 0:
+            self.release(st, pend, peer, lane)
+        if blk == 0:
+            for h in cutlass.range_constexpr(2):
+                acc_o[h].fill(0.0)
+        for h in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[0])):
+                for j in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[1])):
+                    acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * gam[j]
+        warpgroup.fence()
+        for h in cutlass.range_constexpr(2 if cfg.pv_gemm else 0):
+            for kb in cutlass.range_constexpr(cute.size(t_pb, mode=[2])):
+                cute.gemm(pv, acc_o[h], t_vt[h][None, None, kb], t_pb[None, None, kb, slot0], acc_o[h])
+        for h in cutlass.range_constexpr(2 if cfg.pv_gemm else 0):
+            for kb in cutlass.range_constexpr(cute.size(t_pb, mode=[2])):
+                cute.gemm(pv0 if kb == 0 else pv, acc_t[h], t_vt2[h][None, None, kb], t_pb[None, None, kb, slot1],
+                          acc_t[h])
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        for h in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[0])):
+                for j in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[1])):
+                    acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * gam1[j] + acc_t_mn[h][i, j]
+        if wg == 0:
+            if warp_in_wg == 0:
+                if lane == 0:
+                    self.stamp(7, k1)
+        self.release(st, k, peer, lane)
+        self.release(st, k1, peer, lane)
+        if blk + 2 == nblk or g + 2 == hi:
+            self.finish(acc_o_mn, c_o_mn, out, tile, req, rank, wg, nblk)
+        return Int32(-1)
 
     @cute.jit
     def release(self, st, k, peer, lane):
@@ -606,7 +752,11 @@ class V2Skeleton:
         slot = k % cfg.slots
         if lane == 0:
             cute.arch.mbarrier_arrive(st.pfree.data_ptr() + slot)
-            ptx.mbar_arrive_cluster(ptx.mapa(st.pfree.data_ptr().toint() + 8 * slot, peer))
+            remote = ptx.mapa(st.pfree.data_ptr().toint() + 8 * slot, peer)
+            if cutlass.const_expr(self.cfg.scope == "cluster"):
+                ptx.mbar_arrive_cluster(remote)
+            else:
+                mbar_arrive_remote(remote)
             cute.arch.mbarrier_arrive(st.empty.data_ptr() + k % cfg.stages)
 
     @cute.jit
@@ -621,10 +771,11 @@ class V2Skeleton:
     @cute.jit
     def issue_qk(self, qk, qk0, qkr, acc_s, t_q, t_qr, t_k, t_kr, s):
         warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
-            cute.gemm(qk0 if kb == 0 else qk, acc_s, t_q[None, None, kb], t_k[None, None, kb, s], acc_s)
-        for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
-            cute.gemm(qkr, acc_s, t_qr[None, None, kb], t_kr[None, None, kb, s], acc_s)
+        if cutlass.const_expr(self.cfg.qk_gemm):
+            for kb in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
+                cute.gemm(qk0 if kb == 0 else qk, acc_s, t_q[None, None, kb], t_k[None, None, kb, s], acc_s)
+            for kb in cutlass.range_constexpr(cute.size(t_qr, mode=[2])):
+                cute.gemm(qkr, acc_s, t_qr[None, None, kb], t_kr[None, None, kb, s], acc_s)
         warpgroup.commit_group()
 
     @cute.jit
@@ -676,7 +827,7 @@ class V2Skeleton:
         """Vᵀ of this WG's 128 dims of stage ``s`` as A fragments: per 64-dim tile and 32-token
         k-block one ldmatrix.x4.trans (16 dims x 32 tokens a warp, conflict-free in the
         Swizzle-128B K tile) and one prmt per register."""
-        for h in cutlass.range_constexpr(2):
+        for h in cutlass.range_constexpr(2 if self.cfg.vt_load else 0):
             words = cute.recast_tensor(t_vt[h], Uint32)
             d = rank * HALF + wg * WG_DIMS + h * 64 + warp_in_wg * 16  # this warp's 16 dims
             for kb in cutlass.range_constexpr(2):
@@ -687,6 +838,17 @@ class V2Skeleton:
                 words[1, 0, kb] = Uint32(cute.arch.prmt(r[0], r[1], 0x7531))
                 words[2, 0, kb] = Uint32(cute.arch.prmt(r[2], r[3], 0x6420))
                 words[3, 0, kb] = Uint32(cute.arch.prmt(r[2], r[3], 0x7531))
+
+    @cute.jit
+    def finish(self, acc_o_mn, c_o_mn, out, tile, req, rank, wg, nblk):
+        """The unit's epilogue; with ``lean`` only under a condition false at run time
+        (``nblk < 0``): left out entirely, O would be dead and the compiler would drop every
+        PV WGMMA (lean variants before 2026-11-26 evening had none)."""
+        if cutlass.const_expr(self.cfg.lean):
+            if nblk < 0:
+                self.epilogue(acc_o_mn, c_o_mn, out, tile, req, rank, wg)
+        else:
+            self.epilogue(acc_o_mn, c_o_mn, out, tile, req, rank, wg)
 
     @cute.jit
     def epilogue(self, acc_o_mn, c_o_mn, out, tile, req, rank, wg):
@@ -744,6 +906,8 @@ ROWS = {  # the bench's rows this dataflow serves (dense, s_q·h ≥ 64), (b, h,
     "b128 h128 s_q2 s_k8192": (128, 128, 2, 8192),  # not causal here: a lower bound for the causal row
     "b1 h128 s_k640": (1, 128, 1, 640),
 }
+DF = {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False, "softmax": False, "p_wait": False,
+      "lean": True}
 VARIANTS = {
     # without pv_sync a PV stays in flight across the loop's branches and ptxas serializes
     # every WGMMA of the kernel (C7514): how the handoffs and slot counts were first compared
@@ -770,10 +934,44 @@ VARIANTS = {
     "v2 no P waits, no softmax, lean, SS QK": {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False,
                                                "softmax": False, "p_wait": False, "lean": True, "stages": 4,
                                                "q_smem": True},
+    # the dataflow alone ("df": no chain, no softmax, no P waits, lean) and its parts cut in turn
+    "df": DF,
+    "df, no Vt loads": {**DF, "vt_load": False},
+    # (with no PV its Vᵀ registers are dead: the compiler drops their ldmatrix too)
+    "df, no PV": {**DF, "pv_gemm": False},
+    "df, no GEMMs": {**DF, "pv_gemm": False, "qk_gemm": False},
+    "df, 4 stages": {**DF, "stages": 4},
+    "df, 4 stages, 6 slots": {**DF, "stages": 4, "slots": 6},
+    "df, SS QK": {**DF, "stages": 4, "q_smem": True},
+    "df, SS QK, PV pairs": {**DF, "stages": 4, "q_smem": True, "pv_pairs": True},
+    "v2 lean, SS QK, PV pairs": {"slots": 3, "handoff": "st_async", "pv_sync": True, "lean": True, "stages": 4,
+                                 "q_smem": True, "pv_pairs": True},
+    "v2 SS QK, PV pairs": {"slots": 3, "handoff": "st_async", "pv_sync": True, "stages": 4, "q_smem": True,
+                           "pv_pairs": True},
+    "v2, cta scope": {"slots": 3, "handoff": "st_async", "pv_sync": True, "scope": "cta"},
+    "v2 no chain, cta scope": {"slots": 3, "handoff": "st_async", "pv_sync": True, "scope": "cta", "chain": False},
+    "v2 no chain, no softmax, cta scope": {"slots": 3, "handoff": "st_async", "pv_sync": True, "scope": "cta",
+                                           "chain": False, "softmax": False},
+    "v2, cta scope, 4 stages": {"slots": 3, "handoff": "st_async", "pv_sync": True, "scope": "cta", "stages": 4},
+    "v2, cta scope, 4 stages, 6 slots": {"slots": 6, "handoff": "st_async", "pv_sync": True, "scope": "cta",
+                                         "stages": 4},
+    "df, cta scope": {**DF, "scope": "cta"},
+    "df, cta scope, 4 stages, 6 slots": {**DF, "scope": "cta", "stages": 4, "slots": 6},
+    "df, no GEMMs, cta scope": {**DF, "pv_gemm": False, "qk_gemm": False, "scope": "cta"},
+    "df, SS QK, PV pairs, cta scope": {**DF, "stages": 4, "q_smem": True, "pv_pairs": True, "scope": "cta"},
+    "v2 SS QK, PV pairs, cta scope": {"slots": 3, "handoff": "st_async", "pv_sync": True, "stages": 4,
+                                      "q_smem": True, "pv_pairs": True, "scope": "cta"},
+    # (the variants above without "cta scope" wait and arrive at cluster scope; those with
+    # "lean" measured no PV at all before the output was kept live: decode_v2.md)
     "v2 no L2 hint": {"slots": 3, "handoff": "st_async", "pv_sync": True, "evict_first": False},
     "v2 no P waits, no softmax, no L2 hint": {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False,
                                               "softmax": False, "p_wait": False, "evict_first": False},
 }
+
+
+# the ladder of the closing measurements (decode_v2.md): the schedule, then its parts cut in turn
+LADDER = ["v2, cta scope", "v2 no chain, cta scope", "v2 no chain, no softmax, cta scope", "df, cta scope",
+          "df, no GEMMs, cta scope"]
 
 
 def _compile_item(item):
@@ -795,7 +993,7 @@ def main():
     ap.add_argument("--rows", nargs="*", default=list(ROWS))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=12)
-    ap.add_argument("--variants", nargs="*", default=[v for v in VARIANTS if "serialized" not in v])
+    ap.add_argument("--variants", nargs="*", default=LADDER)
     ap.add_argument("--trace", default="", help="a row: print cluster 0's per-block stamps (µs) of the v2 variant")
     ap.add_argument("--once", default="", help="a row: run each variant 3 times and stop (an ncu target)")
     a = ap.parse_args()
