@@ -121,6 +121,10 @@ class SkelConfig:
     # whose completion the barrier itself tracks, and where an arrival only frees a slot
     # whose reads are complete)
     scope: str = "cluster"
+    # requests of different lengths: ``block_table`` is then one row per block of the batch,
+    # (page, request, block, the request's blocks), and ``nblk`` the batch's blocks; each
+    # request takes ceil(length / 64) whole blocks (no masking, as everywhere here)
+    varlen: bool = False
     trace: bool = False  # %globaltimer stamps of cluster 0 into the trace tensor
 
     @property
@@ -311,6 +315,7 @@ class V2Skeleton:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         st = SmemAllocator().allocate(self.storage)
         self.trace_t = m_trace
+        self.meta_t = block_table
         if tidx == 0:
             for s in cutlass.range_constexpr(cfg.stages):
                 cute.arch.mbarrier_init(st.full.data_ptr() + s, 1)
@@ -326,7 +331,7 @@ class V2Skeleton:
         tile = part % cfg.m_tiles
         n_rng = cfg.parts // cfg.m_tiles
         rng = part // cfg.m_tiles
-        total = nblk * q_nope.shape[2]
+        total = nblk if cfg.varlen else nblk * q_nope.shape[2]
         lo = rng * total // n_rng
         hi = (rng + 1) * total // n_rng
 
@@ -377,15 +382,19 @@ class V2Skeleton:
             n = k // cfg.stages
             if n >= 1:
                 self.wait(st.empty.data_ptr().toint() + 8 * s, (n - 1) & 1)
-            req = g // nblk
-            blk = g - req * nblk
-            if req != cur_req or blk >= base + 32:
-                cur_req = req
-                base = blk
-                cached = Int32(0)
-                if base + lane < nblk:
-                    cached = block_table[req, base + lane]
-            page = cute.arch.shuffle_sync(cached, blk - base)
+            page = Int32(0)
+            if cutlass.const_expr(cfg.varlen):
+                page = block_table[g, 0]
+            else:
+                req = g // nblk
+                blk = g - req * nblk
+                if req != cur_req or blk >= base + 32:
+                    cur_req = req
+                    base = blk
+                    cached = Int32(0)
+                    if base + lane < nblk:
+                        cached = block_table[req, base + lane]
+                page = cute.arch.shuffle_sync(cached, blk - base)
             own_cta, _ = _owner(cfg, k)
             full = st.full.data_ptr() + s
             # the whole warp issues the copies (each elects one thread: elect.sync under a
@@ -465,7 +474,7 @@ class V2Skeleton:
         if hi > lo:
             c0, w0 = _owner(cfg, 0)
             c1, w1 = _owner(cfg, 1)
-            first_req = lo // nblk
+            first_req, _, _ = self.unit(lo, nblk)
             if c0 * 2 + w0 == me or c1 * 2 + w1 == me:
                 # the first unit's Q, into registers (the next units' are loaded a block
                 # ahead, with the QK that needs them)
@@ -476,8 +485,7 @@ class V2Skeleton:
         for g in cutlass.range(lo, hi, unroll=1):
             k = g - lo
             slot = k % cfg.slots
-            req = g // nblk
-            blk = g - req * nblk
+            req, blk, nb = self.unit(g, nblk)
             # (Python's `and` would be taken at trace time: ids compared instead)
             own_cta, own_wg = _owner(cfg, k)
             mine = own_cta * 2 + own_wg == me
@@ -497,7 +505,7 @@ class V2Skeleton:
                 s1 = (k + 1) % cfg.stages
                 self.wait(st.full.data_ptr().toint() + 8 * s1, ((k + 1) // cfg.stages) & 1)
                 if cutlass.const_expr(not cfg.lean):
-                    if blk + 1 == nblk:
+                    if blk + 1 == nb:
                         self.load_q(q_nope, q_rope, qk_thr, qkr_thr, t_q, t_qr, tile, req + 1)
                 self.issue_qk(qk, qk0, qkr, acc_s, t_q, t_qr, t_k, t_kr, s1)
             if mine:
@@ -513,7 +521,7 @@ class V2Skeleton:
                     self.release(st, pend, peer, lane)
                 pend = Int32(-1)
                 if blk == 0 or k == 0:  # a unit's (or the range's) first block
-                    softmax.start_request(c_s_mn, q_scale, tile, req, nblk * 64, scale_log2)
+                    softmax.start_request(c_s_mn, q_scale, tile, req, nb * 64, scale_log2)
                     softmax.reset()
                 else:
                     if cutlass.const_expr(cfg.chain):
@@ -525,7 +533,7 @@ class V2Skeleton:
                 for jj in cutlass.range_constexpr(cute.size(c_s_mn, mode=[1])):
                     ks_pre[jj] = s_ks[c_s_mn[0, jj][1], k % cfg.stages]
                 if cutlass.const_expr(cfg.softmax):
-                    softmax.step(acc_s_mn, c_s_mn, ks_pre, blk, nblk * 64, blk == 0, False, None)
+                    softmax.step(acc_s_mn, c_s_mn, ks_pre, blk, nb * 64, blk == 0, False, None)
                 t_p = Consumer.acc_to_fp8_operand(self, acc_s, pv.tv_layout_A)  # v1's cast, π-packed
                 if wg_tidx == 0:
                     self.stamp(4, k)
@@ -589,7 +597,7 @@ class V2Skeleton:
                         # defer PV(k) when block k+1 is plain for me too and in the same unit
                         n2_cta, n2_wg = _owner(cfg, k + 2)
                         plain = (Int32(nxt_cta * 2 + nxt_wg != me) + Int32(n2_cta * 2 + n2_wg != me)
-                                 + Int32(g + 1 < hi) + Int32(blk + 1 < nblk))
+                                 + Int32(g + 1 < hi) + Int32(blk + 1 < nb))
                         if dfr >= 0:
                             pend = self.pv_pair(pv, pair, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, gam1, s_state,
                                                 st, out, kv_addr, lo, hi, nblk, dfr, pend, rank, peer, tile, wg,
@@ -609,6 +617,16 @@ class V2Skeleton:
                 pend = self.pv_block(pv, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, s_state, st, out, kv_addr, lo,
                                      hi, nblk, dfr, pend, rank, peer, tile, wg, warp_in_wg, lane)
         warpgroup.wait_group(0)
+
+    @cute.jit
+    def unit(self, g, nblk):
+        """(request, block in it, the request's blocks) of block g of the batch."""
+        if cutlass.const_expr(self.cfg.varlen):
+            t = self.meta_t
+            return t[g, 1], t[g, 2], t[g, 3]
+        else:
+            req = g // nblk
+            return req, g - req * nblk, nblk
 
     @cute.jit
     def stamp(self, ev: cutlass.Constexpr, k):
@@ -648,8 +666,7 @@ class V2Skeleton:
         slot = k % cfg.slots
         s = k % cfg.stages
         g = lo + k
-        req = g // nblk
-        blk = g - req * nblk
+        req, blk, nb = self.unit(g, nblk)
         self.wait_p(st, k)
         if wg == 0:
             if warp_in_wg == 0:
@@ -681,11 +698,11 @@ class V2Skeleton:
                 if lane == 0:
                     self.stamp(7, k)
         nxt = k
-        if blk + 1 == nblk or g + 1 == hi:
+        if blk + 1 == nb or g + 1 == hi:
             warpgroup.wait_group(0)
             self.release(st, k, peer, lane)
             nxt = Int32(-1)
-            self.finish(acc_o_mn, c_o_mn, out, tile, req, rank, wg, nblk)
+            self.finish(acc_o_mn, c_o_mn, out, tile, req, rank, wg, nb)
         return nxt
 
     @cute.jit
@@ -700,8 +717,7 @@ class V2Skeleton:
         slot0 = k % cfg.slots
         slot1 = k1 % cfg.slots
         g = lo + k
-        req = g // nblk
-        blk = g - req * nblk
+        req, blk, nb = self.unit(g, nblk)
         self.wait_p(st, k)
         self.wait_p(st, k1)
         for jj in cutlass.range_constexpr(cute.size(c_o_mn, mode=[1])):
@@ -741,8 +757,8 @@ class V2Skeleton:
                     self.stamp(7, k1)
         self.release(st, k, peer, lane)
         self.release(st, k1, peer, lane)
-        if blk + 2 == nblk or g + 2 == hi:
-            self.finish(acc_o_mn, c_o_mn, out, tile, req, rank, wg, nblk)
+        if blk + 2 == nb or g + 2 == hi:
+            self.finish(acc_o_mn, c_o_mn, out, tile, req, rank, wg, nb)
         return Int32(-1)
 
     @cute.jit
@@ -876,7 +892,7 @@ def fake_args(cfg: SkelConfig):
         t(u8, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
         t(bf16, (n, s_q, h, ROPE_DIM), (R * ROPE_DIM, h * ROPE_DIM, ROPE_DIM, 1), 16),
         t(f32, (n, s_q, h), (R, h, 1), 4),
-        t(i32, (n, w), (fake.sym(), 1), 4),
+        t(i32, (fake.sym() if cfg.varlen else n, w), (fake.sym(), 1), 4),
         t(bf16, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
         t(u8, (pages, 64, KV_ROW_BYTES), (64 * KV_ROW_BYTES, KV_ROW_BYTES, 1), 16),
         t(f32, (pages, 64), (64, 1), 16),
@@ -905,7 +921,26 @@ ROWS = {  # the bench's rows this dataflow serves (dense, s_q·h ≥ 64), (b, h,
     "b128 h128 s_k32768": (128, 128, 1, 32768),
     "b128 h128 s_q2 s_k8192": (128, 128, 2, 8192),  # not causal here: a lower bound for the causal row
     "b1 h128 s_k640": (1, 128, 1, 640),
+    "b128 h128 s_k8192 varlen": (128, 128, 1, 8192),  # the bench's lengths, uniform in [4096, 12288]
 }
+VARLEN_ROWS = {"b128 h128 s_k8192 varlen"}
+
+
+def skel_args(c, b):
+    """(block table, nblk) the skeleton takes for case ``c``: the case's own with equal lengths;
+    else one row per block of the batch, (page, request, block, the request's blocks), and the
+    batch's block count."""
+    import torch
+
+    lens = c["seqlens"].tolist()
+    if len(set(lens)) == 1:
+        return c["block_table"], lens[0] // 64
+    rows = []
+    bt = c["block_table"].cpu()
+    for r, n in enumerate(lens):
+        nb = (n + 63) // 64
+        rows += [(int(bt[r, j]), r, j, nb) for j in range(nb)]
+    return torch.tensor(rows, dtype=torch.int32, device="cuda"), len(rows)
 DF = {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False, "softmax": False, "p_wait": False,
       "lean": True}
 VARIANTS = {
@@ -1008,25 +1043,27 @@ def main():
     for name in a.rows:
         b, h, s_q, s_k = ROWS[name]
         for v in a.variants:
-            cfgs[(name, v)] = SkelConfig(h, s_q, **VARIANTS[v])
+            cfgs[(name, v)] = SkelConfig(h, s_q, varlen=name in VARLEN_ROWS, **VARIANTS[v])
     uniq = sorted(set(cfgs.values()), key=repr)
     with ProcessPoolExecutor(max_workers=a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_item, uniq))
     from warm_bench import warm
 
-    warm([("dense", (*ROWS[n][:3], ROWS[n][3], False, False), {}) for n in a.rows], jobs=a.jobs, verbose=False)
+    warm([("dense", (*ROWS[n][:3], ROWS[n][3], False, n in VARLEN_ROWS), {}) for n in a.rows], jobs=a.jobs,
+         verbose=False)
     results = []
     for name in a.rows:
         b, h, s_q, s_k = ROWS[name]
-        c = make_case(Shape("v2", b, h, s_q, s_k, False))
+        c = make_case(Shape("v2", b, h, s_q, s_k, False, varlen=name in VARLEN_ROWS))
         q_nope, q_rope, q_scale = c["q"]
         out = torch.empty_like(c["out"])
         tr = torch.zeros(2 * 8 * 512, dtype=torch.int32, device="cuda")
+        table, nblk = skel_args(c, b)
         fns = {"v1 (shipped)": c["step"]}
         for v in a.variants:
             fn = compile_skeleton(cfgs[(name, v)])
-            fns[v] = (lambda fn=fn: fn(q_nope.view(torch.uint8), q_rope, q_scale, c["block_table"], out, c["cache"].kv,
-                                        c["cache"].kv_scale, s_k // 64, 0.1, tr))
+            fns[v] = (lambda fn=fn: fn(q_nope.view(torch.uint8), q_rope, q_scale, table, out, c["cache"].kv,
+                                        c["cache"].kv_scale, nblk, 0.1, tr))
         times = {k: [] for k in fns}
         for _ in range(a.reps):
             for k, fn in fns.items():
@@ -1053,15 +1090,17 @@ def once(row, variants):
     from snapmla_cute.profiling import Shape, make_case
 
     b, h, s_q, s_k = ROWS[row]
-    c = make_case(Shape("v2", b, h, s_q, s_k, False))
+    varlen = row in VARLEN_ROWS
+    c = make_case(Shape("v2", b, h, s_q, s_k, False, varlen=varlen))
     q_nope, q_rope, q_scale = c["q"]
     out = torch.empty_like(c["out"])
     tr = torch.zeros(2 * 8 * 512, dtype=torch.int32, device="cuda")
+    table, nblk = skel_args(c, b)
     for v in variants:
-        fn = compile_skeleton(SkelConfig(h, s_q, **VARIANTS[v]))
+        fn = compile_skeleton(SkelConfig(h, s_q, varlen=varlen, **VARIANTS[v]))
         for _ in range(3):
-            fn(q_nope.view(torch.uint8), q_rope, q_scale, c["block_table"], out, c["cache"].kv, c["cache"].kv_scale,
-               s_k // 64, 0.1, tr)
+            fn(q_nope.view(torch.uint8), q_rope, q_scale, table, out, c["cache"].kv, c["cache"].kv_scale, nblk, 0.1,
+               tr)
     torch.cuda.synchronize()
 
 
@@ -1071,16 +1110,17 @@ def trace(row, variant):
     from snapmla_cute.profiling import Shape, make_case
 
     b, h, s_q, s_k = ROWS[row]
-    cfg = SkelConfig(h, s_q, trace=True, **variant)
+    varlen = row in VARLEN_ROWS
+    cfg = SkelConfig(h, s_q, trace=True, varlen=varlen, **variant)
     fn = compile_skeleton(cfg)
-    c = make_case(Shape("v2", b, h, s_q, s_k, False))
+    c = make_case(Shape("v2", b, h, s_q, s_k, False, varlen=varlen))
     q_nope, q_rope, q_scale = c["q"]
     out = torch.empty_like(c["out"])
     tr = torch.zeros(2 * 8 * 512, dtype=torch.int32, device="cuda")
+    table, nblk = skel_args(c, b)
     for _ in range(3):
         tr.zero_()
-        fn(q_nope.view(torch.uint8), q_rope, q_scale, c["block_table"], out, c["cache"].kv, c["cache"].kv_scale,
-           s_k // 64, 0.1, tr)
+        fn(q_nope.view(torch.uint8), q_rope, q_scale, table, out, c["cache"].kv, c["cache"].kv_scale, nblk, 0.1, tr)
     torch.cuda.synchronize()
     t = tr.view(2, 8, 512).cpu().long()
     t0 = t[t != 0].min()
