@@ -672,24 +672,15 @@ class V2Skeleton:
             if warp_in_wg == 0:
                 if lane == 0:
                     self.stamp(6, k)
-        for jj in cutlass.range_constexpr(cute.size(c_o_mn, mode=[1])):
-            gam[jj] = s_state[c_o_mn[0, jj][1], 3, slot]
+        self.read_gamma(gam, s_state, c_o_mn, slot)
         self.wait(st.full.data_ptr().toint() + 8 * s, (k // cfg.stages) & 1)
         warpgroup.wait_group(0)  # the previous PV has read its Vᵀ registers and written O
         self.load_vt(t_vt, kv_addr, s, rank, wg, warp_in_wg, lane)
         if pend >= 0:
             self.release(st, pend, peer, lane)
-        if blk == 0:
-            for h in cutlass.range_constexpr(2):
-                acc_o[h].fill(0.0)
-        for h in cutlass.range_constexpr(2):
-            for i in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[0])):
-                for j in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[1])):
-                    acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * gam[j]
+        self.rescale_o(acc_o, acc_o_mn, gam, blk)
         warpgroup.fence()
-        for h in cutlass.range_constexpr(2 if cfg.pv_gemm else 0):
-            for kb in cutlass.range_constexpr(cute.size(t_pb, mode=[2])):
-                cute.gemm(pv, acc_o[h], t_vt[h][None, None, kb], t_pb[None, None, kb, slot], acc_o[h])
+        self.issue_pv(pv, pv, acc_o, t_vt, t_pb, slot)
         warpgroup.commit_group()
         if cutlass.const_expr(cfg.pv_sync):
             warpgroup.wait_group(0)
@@ -706,6 +697,32 @@ class V2Skeleton:
         return nxt
 
     @cute.jit
+    def read_gamma(self, gam, s_state, c_o_mn, slot):
+        """γ of the block in P slot ``slot``, for this thread's O columns (query rows)."""
+        for jj in cutlass.range_constexpr(cute.size(c_o_mn, mode=[1])):
+            gam[jj] = s_state[c_o_mn[0, jj][1], 3, slot]
+
+    @cute.jit
+    def rescale_o(self, acc_o, acc_o_mn, gam, blk):
+        """O = γ·O, O zeroed first at a unit's first block."""
+        if blk == 0:
+            for h in cutlass.range_constexpr(2):
+                acc_o[h].fill(0.0)
+        for h in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[0])):
+                for j in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[1])):
+                    acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * gam[j]
+
+    @cute.jit
+    def issue_pv(self, pv_first, pv, acc, t_vt, t_pb, slot):
+        """acc (+)= Vᵀ·Pᵀ of P slot ``slot`` for both 64-dim tiles; the first k-block by
+        ``pv_first`` (an accumulating or an overwriting MMA)."""
+        for h in cutlass.range_constexpr(2 if self.cfg.pv_gemm else 0):
+            for kb in cutlass.range_constexpr(cute.size(t_pb, mode=[2])):
+                cute.gemm(pv_first if kb == 0 else pv, acc[h], t_vt[h][None, None, kb], t_pb[None, None, kb, slot],
+                          acc[h])
+
+    @cute.jit
     def pv_pair(self, pv, pair, acc_o, acc_o_mn, c_o_mn, t_vt, t_pb, gam, gam1, s_state, st, out, kv_addr, lo, hi,
                 nblk, k, pend, rank, peer, tile, wg, warp_in_wg, lane):
         """``pv_pairs``: blocks k and k+1 of one unit. O = γ_k·O, O += Vᵀ_k·P_kᵀ and
@@ -720,9 +737,8 @@ class V2Skeleton:
         req, blk, nb = self.unit(g, nblk)
         self.wait_p(st, k)
         self.wait_p(st, k1)
-        for jj in cutlass.range_constexpr(cute.size(c_o_mn, mode=[1])):
-            gam[jj] = s_state[c_o_mn[0, jj][1], 3, slot0]
-            gam1[jj] = s_state[c_o_mn[0, jj][1], 3, slot1]
+        self.read_gamma(gam, s_state, c_o_mn, slot0)
+        self.read_gamma(gam1, s_state, c_o_mn, slot1)
         self.wait(st.full.data_ptr().toint() + 8 * (k % cfg.stages), (k // cfg.stages) & 1)
         self.wait(st.full.data_ptr().toint() + 8 * (k1 % cfg.stages), (k1 // cfg.stages) & 1)
         warpgroup.wait_group(0)
@@ -730,21 +746,10 @@ class V2Skeleton:
         self.load_vt(t_vt2, kv_addr, k1 % cfg.stages, rank, wg, warp_in_wg, lane)
         if pend >= 0:
             self.release(st, pend, peer, lane)
-        if blk == 0:
-            for h in cutlass.range_constexpr(2):
-                acc_o[h].fill(0.0)
-        for h in cutlass.range_constexpr(2):
-            for i in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[0])):
-                for j in cutlass.range_constexpr(cute.size(acc_o_mn[h], mode=[1])):
-                    acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * gam[j]
+        self.rescale_o(acc_o, acc_o_mn, gam, blk)
         warpgroup.fence()
-        for h in cutlass.range_constexpr(2 if cfg.pv_gemm else 0):
-            for kb in cutlass.range_constexpr(cute.size(t_pb, mode=[2])):
-                cute.gemm(pv, acc_o[h], t_vt[h][None, None, kb], t_pb[None, None, kb, slot0], acc_o[h])
-        for h in cutlass.range_constexpr(2 if cfg.pv_gemm else 0):
-            for kb in cutlass.range_constexpr(cute.size(t_pb, mode=[2])):
-                cute.gemm(pv0 if kb == 0 else pv, acc_t[h], t_vt2[h][None, None, kb], t_pb[None, None, kb, slot1],
-                          acc_t[h])
+        self.issue_pv(pv, pv, acc_o, t_vt, t_pb, slot0)
+        self.issue_pv(pv0, pv, acc_t, t_vt2, t_pb, slot1)
         warpgroup.commit_group()
         warpgroup.wait_group(0)
         for h in cutlass.range_constexpr(2):
@@ -926,21 +931,42 @@ ROWS = {  # the bench's rows this dataflow serves (dense, s_q·h ≥ 64), (b, h,
 VARLEN_ROWS = {"b128 h128 s_k8192 varlen"}
 
 
-def skel_args(c, b):
-    """(block table, nblk) the skeleton takes for case ``c``: the case's own with equal lengths;
-    else one row per block of the batch, (page, request, block, the request's blocks), and the
-    batch's block count."""
+def skel_config(row, **switches):
+    _, h, s_q, _ = ROWS[row]
+    return SkelConfig(h, s_q, varlen=row in VARLEN_ROWS, **switches)
+
+
+def skel_case(row):
+    """The shipped decode's case of ``row`` (``make_case``), ``run(fn)`` that launches a
+    compiled skeleton on it, and the trace tensor. The skeleton's block table is the case's
+    own with equal lengths; else one row per block of the batch, (page, request, block, the
+    request's blocks), with ``nblk`` the batch's block count."""
     import torch
 
+    from snapmla_cute.profiling import Shape, make_case
+
+    b, h, s_q, s_k = ROWS[row]
+    c = make_case(Shape("v2", b, h, s_q, s_k, False, varlen=row in VARLEN_ROWS))
     lens = c["seqlens"].tolist()
     if len(set(lens)) == 1:
-        return c["block_table"], lens[0] // 64
-    rows = []
-    bt = c["block_table"].cpu()
-    for r, n in enumerate(lens):
-        nb = (n + 63) // 64
-        rows += [(int(bt[r, j]), r, j, nb) for j in range(nb)]
-    return torch.tensor(rows, dtype=torch.int32, device="cuda"), len(rows)
+        table, nblk = c["block_table"], lens[0] // 64
+    else:
+        rows = []
+        bt = c["block_table"].cpu()
+        for r, n in enumerate(lens):
+            nb = (n + 63) // 64
+            rows += [(int(bt[r, j]), r, j, nb) for j in range(nb)]
+        table, nblk = torch.tensor(rows, dtype=torch.int32, device="cuda"), len(rows)
+    q_nope, q_rope, q_scale = c["q"]
+    out = torch.empty_like(c["out"])
+    tr = torch.zeros(2 * 8 * 512, dtype=torch.int32, device="cuda")
+
+    def run(fn):
+        fn(q_nope.view(torch.uint8), q_rope, q_scale, table, out, c["cache"].kv, c["cache"].kv_scale, nblk, 0.1, tr)
+
+    return c, run, tr
+
+
 DF = {"slots": 3, "handoff": "st_async", "pv_sync": True, "chain": False, "softmax": False, "p_wait": False,
       "lean": True}
 VARIANTS = {
@@ -1022,7 +1048,6 @@ def main():
     import torch
 
     from snapmla_cute.bench import time_us
-    from snapmla_cute.profiling import Shape, make_case
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", nargs="*", default=list(ROWS))
@@ -1039,11 +1064,7 @@ def main():
             print(v, flush=True)
             trace(a.trace, VARIANTS[v])
         return
-    cfgs = {}
-    for name in a.rows:
-        b, h, s_q, s_k = ROWS[name]
-        for v in a.variants:
-            cfgs[(name, v)] = SkelConfig(h, s_q, varlen=name in VARLEN_ROWS, **VARIANTS[v])
+    cfgs = {(name, v): skel_config(name, **VARIANTS[v]) for name in a.rows for v in a.variants}
     uniq = sorted(set(cfgs.values()), key=repr)
     with ProcessPoolExecutor(max_workers=a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_item, uniq))
@@ -1053,17 +1074,10 @@ def main():
          verbose=False)
     results = []
     for name in a.rows:
-        b, h, s_q, s_k = ROWS[name]
-        c = make_case(Shape("v2", b, h, s_q, s_k, False, varlen=name in VARLEN_ROWS))
-        q_nope, q_rope, q_scale = c["q"]
-        out = torch.empty_like(c["out"])
-        tr = torch.zeros(2 * 8 * 512, dtype=torch.int32, device="cuda")
-        table, nblk = skel_args(c, b)
+        c, run, _ = skel_case(name)
         fns = {"v1 (shipped)": c["step"]}
         for v in a.variants:
-            fn = compile_skeleton(cfgs[(name, v)])
-            fns[v] = (lambda fn=fn: fn(q_nope.view(torch.uint8), q_rope, q_scale, table, out, c["cache"].kv,
-                                        c["cache"].kv_scale, nblk, 0.1, tr))
+            fns[v] = lambda fn=compile_skeleton(cfgs[(name, v)]): run(fn)
         times = {k: [] for k in fns}
         for _ in range(a.reps):
             for k, fn in fns.items():
@@ -1087,40 +1101,22 @@ EVENTS = ["own: top", "own: WG barrier passed", "own: state(k-1) in", "own: P(k)
 def once(row, variants):
     import torch
 
-    from snapmla_cute.profiling import Shape, make_case
-
-    b, h, s_q, s_k = ROWS[row]
-    varlen = row in VARLEN_ROWS
-    c = make_case(Shape("v2", b, h, s_q, s_k, False, varlen=varlen))
-    q_nope, q_rope, q_scale = c["q"]
-    out = torch.empty_like(c["out"])
-    tr = torch.zeros(2 * 8 * 512, dtype=torch.int32, device="cuda")
-    table, nblk = skel_args(c, b)
+    _, run, _ = skel_case(row)
     for v in variants:
-        fn = compile_skeleton(SkelConfig(h, s_q, varlen=varlen, **VARIANTS[v]))
+        fn = compile_skeleton(skel_config(row, **VARIANTS[v]))
         for _ in range(3):
-            fn(q_nope.view(torch.uint8), q_rope, q_scale, table, out, c["cache"].kv, c["cache"].kv_scale, nblk, 0.1,
-               tr)
+            run(fn)
     torch.cuda.synchronize()
 
 
 def trace(row, variant):
     import torch
 
-    from snapmla_cute.profiling import Shape, make_case
-
-    b, h, s_q, s_k = ROWS[row]
-    varlen = row in VARLEN_ROWS
-    cfg = SkelConfig(h, s_q, trace=True, varlen=varlen, **variant)
-    fn = compile_skeleton(cfg)
-    c = make_case(Shape("v2", b, h, s_q, s_k, False, varlen=varlen))
-    q_nope, q_rope, q_scale = c["q"]
-    out = torch.empty_like(c["out"])
-    tr = torch.zeros(2 * 8 * 512, dtype=torch.int32, device="cuda")
-    table, nblk = skel_args(c, b)
+    fn = compile_skeleton(skel_config(row, trace=True, **variant))
+    _, run, tr = skel_case(row)
     for _ in range(3):
         tr.zero_()
-        fn(q_nope.view(torch.uint8), q_rope, q_scale, table, out, c["cache"].kv, c["cache"].kv_scale, nblk, 0.1, tr)
+        run(fn)
     torch.cuda.synchronize()
     t = tr.view(2, 8, 512).cpu().long()
     t0 = t[t != 0].min()
