@@ -29,6 +29,19 @@ class AppendKVConfig:
     rows_per_cta: int = 8  # one warp per token
 
 
+@dataclass(frozen=True)
+class AppendKVTensors:
+    """The kernel's tensors: the new rows' bf16 content and RoPE, their slots, then the
+    cache's views (``views.cache_views``)."""
+
+    kv_content_in: cute.Tensor
+    kv_rope_in: cute.Tensor
+    slot_mapping: cute.Tensor
+    kv_content: cute.Tensor
+    kv_rope: cute.Tensor
+    kv_scale: cute.Tensor
+
+
 class AppendKVKernel:
     def __init__(self, cfg: AppendKVConfig = AppendKVConfig()):
         self.cfg = cfg
@@ -46,7 +59,7 @@ class AppendKVKernel:
     ):
         rows = self.cfg.rows_per_cta
         self.kernel(
-            m_kv_content_in, m_kv_rope_in, m_slot_mapping, m_kv_content, m_kv_rope, m_kv_scale
+            AppendKVTensors(m_kv_content_in, m_kv_rope_in, m_slot_mapping, m_kv_content, m_kv_rope, m_kv_scale)
         ).launch(
             grid=[cute.ceil_div(m_kv_content_in.shape[0], rows), 1, 1],
             block=[rowquant.WARP * rows, 1, 1],
@@ -54,36 +67,28 @@ class AppendKVKernel:
         )
 
     @cute.kernel
-    def kernel(
-        self,
-        m_kv_content_in: cute.Tensor,
-        m_kv_rope_in: cute.Tensor,
-        m_slot_mapping: cute.Tensor,
-        m_kv_content: cute.Tensor,
-        m_kv_rope: cute.Tensor,
-        m_kv_scale: cute.Tensor,
-    ):
+    def kernel(self, t: AppendKVTensors):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % rowquant.WARP
         row = cutlass.Int64(bidx) * self.cfg.rows_per_cta + tidx // rowquant.WARP
-        if row < m_kv_content_in.shape[0]:
-            slot = m_slot_mapping[row]
-            if slot >= 0 and slot < m_kv_scale.shape[0]:
+        if row < t.kv_content_in.shape[0]:
+            slot = t.slot_mapping[row]
+            if slot >= 0 and slot < t.kv_scale.shape[0]:
                 content, rope = rowquant.load_row(
-                    m_kv_content_in[row, None], m_kv_rope_in[row, None], lane
+                    t.kv_content_in[row, None], t.kv_rope_in[row, None], lane
                 )
                 scale = rowquant.row_scale(content)
                 rowquant.store_quantized(
                     content,
                     rope,
                     Float32(1.0) / scale,
-                    m_kv_content[slot, None],
-                    m_kv_rope[slot, None],
+                    t.kv_content[slot, None],
+                    t.kv_rope[slot, None],
                     lane,
                 )
                 if lane == 0:
-                    m_kv_scale[slot] = scale
+                    t.kv_scale[slot] = scale
 
 
 def fake_args(config: AppendKVConfig):

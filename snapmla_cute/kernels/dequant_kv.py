@@ -26,6 +26,19 @@ class DequantKVConfig:
     rows_per_cta: int = 8  # one warp per gathered token
 
 
+@dataclass(frozen=True)
+class DequantKVTensors:
+    """The kernel's tensors: the cache's views (``views.cache_views``), the slots to read,
+    then the output's bf16 content and RoPE views."""
+
+    kv_content: cute.Tensor
+    kv_rope: cute.Tensor
+    kv_scale: cute.Tensor
+    slots: cute.Tensor
+    out_content: cute.Tensor
+    out_rope: cute.Tensor
+
+
 class DequantizeKVKernel:
     def __init__(self, cfg: DequantKVConfig = DequantKVConfig()):
         self.cfg = cfg
@@ -42,52 +55,44 @@ class DequantizeKVKernel:
         stream,
     ):
         rows = self.cfg.rows_per_cta
-        self.kernel(m_kv_content, m_kv_rope, m_kv_scale, m_slots, m_out_content, m_out_rope).launch(
+        self.kernel(DequantKVTensors(m_kv_content, m_kv_rope, m_kv_scale, m_slots, m_out_content, m_out_rope)).launch(
             grid=[cute.ceil_div(m_out_content.shape[0], rows), 1, 1],
             block=[rowquant.WARP * rows, 1, 1],
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(
-        self,
-        m_kv_content: cute.Tensor,
-        m_kv_rope: cute.Tensor,
-        m_kv_scale: cute.Tensor,
-        m_slots: cute.Tensor,
-        m_out_content: cute.Tensor,
-        m_out_rope: cute.Tensor,
-    ):
+    def kernel(self, t: DequantKVTensors):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % rowquant.WARP
         row = cutlass.Int64(bidx) * self.cfg.rows_per_cta + tidx // rowquant.WARP
-        if row < m_out_content.shape[0]:
-            slot = m_slots[row]
+        if row < t.out_content.shape[0]:
+            slot = t.slots[row]
             c_out = cute.make_rmem_tensor((rowquant.CONTENT_PER_LANE,), BFloat16)
             r_out = cute.make_rmem_tensor((rowquant.ROPE_PER_LANE,), BFloat16)
             c_out.fill(0.0)
             r_out.fill(0.0)
-            if slot >= 0 and slot < m_kv_scale.shape[0]:
+            if slot >= 0 and slot < t.kv_scale.shape[0]:
                 c_in = cute.make_rmem_tensor((rowquant.CONTENT_PER_LANE,), Float8E4M3FN)
                 r_in = cute.make_rmem_tensor((rowquant.ROPE_PER_LANE,), BFloat16)
                 cute.autovec_copy(
-                    cute.local_tile(m_kv_content[slot, None], (rowquant.CONTENT_PER_LANE,), (lane,)),
+                    cute.local_tile(t.kv_content[slot, None], (rowquant.CONTENT_PER_LANE,), (lane,)),
                     cute.recast_tensor(c_in, cutlass.Uint8),
                 )
                 cute.autovec_copy(
-                    cute.local_tile(m_kv_rope[slot, None], (rowquant.ROPE_PER_LANE,), (lane,)),
+                    cute.local_tile(t.kv_rope[slot, None], (rowquant.ROPE_PER_LANE,), (lane,)),
                     r_in,
                 )
-                scale = m_kv_scale[slot]
+                scale = t.kv_scale[slot]
                 c_out.store((c_in.load().to(Float32) * scale).to(BFloat16))
                 r_out.store((r_in.load().to(Float32) * scale).to(BFloat16))
             cute.autovec_copy(
                 c_out,
-                cute.local_tile(m_out_content[row, None], (rowquant.CONTENT_PER_LANE,), (lane,)),
+                cute.local_tile(t.out_content[row, None], (rowquant.CONTENT_PER_LANE,), (lane,)),
             )
             cute.autovec_copy(
-                r_out, cute.local_tile(m_out_rope[row, None], (rowquant.ROPE_PER_LANE,), (lane,))
+                r_out, cute.local_tile(t.out_rope[row, None], (rowquant.ROPE_PER_LANE,), (lane,))
             )
 
 

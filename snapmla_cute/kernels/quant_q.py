@@ -27,6 +27,18 @@ class QuantQConfig:
     rows_per_cta: int = 8  # one warp per row
 
 
+@dataclass(frozen=True)
+class QuantQTensors:
+    """The kernel's tensors (views of [n, ...] rows): the bf16 query's content and RoPE, then
+    the outputs ``q_nope`` (e4m3 bytes), ``q_rope`` (bf16) and ``q_scale`` (fp32)."""
+
+    q_content: cute.Tensor
+    q_rope_in: cute.Tensor
+    q_nope: cute.Tensor
+    q_rope: cute.Tensor
+    q_scale: cute.Tensor
+
+
 class QuantizeQKernel:
     def __init__(self, cfg: QuantQConfig = QuantQConfig()):
         self.cfg = cfg
@@ -42,33 +54,24 @@ class QuantizeQKernel:
         stream,
     ):
         rows = self.cfg.rows_per_cta
-        self.kernel(m_q_content, m_q_rope_in, m_q_nope, m_q_rope, m_q_scale).launch(
+        self.kernel(QuantQTensors(m_q_content, m_q_rope_in, m_q_nope, m_q_rope, m_q_scale)).launch(
             grid=[cute.ceil_div(m_q_content.shape[0], rows), 1, 1],
             block=[rowquant.WARP * rows, 1, 1],
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(
-        self,
-        m_q_content: cute.Tensor,
-        m_q_rope_in: cute.Tensor,
-        m_q_nope: cute.Tensor,
-        m_q_rope: cute.Tensor,
-        m_q_scale: cute.Tensor,
-    ):
+    def kernel(self, t: QuantQTensors):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % rowquant.WARP
         row = cutlass.Int64(bidx) * self.cfg.rows_per_cta + tidx // rowquant.WARP
-        if row < m_q_content.shape[0]:
-            content, rope = rowquant.load_row(m_q_content[row, None], m_q_rope_in[row, None], lane)
+        if row < t.q_content.shape[0]:
+            content, rope = rowquant.load_row(t.q_content[row, None], t.q_rope_in[row, None], lane)
             scale = rowquant.row_scale(content)
-            rowquant.store_quantized(
-                content, rope, Float32(1.0) / scale, m_q_nope[row, None], m_q_rope[row, None], lane
-            )
+            rowquant.store_quantized(content, rope, Float32(1.0) / scale, t.q_nope[row, None], t.q_rope[row, None], lane)
             if lane == 0:
-                m_q_scale[row] = scale
+                t.q_scale[row] = scale
 
 
 def fake_args(config: QuantQConfig):
