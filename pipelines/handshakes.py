@@ -30,7 +30,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32
 
-from snapmla_cute.kernels import ptx
+from snapmla_cute import ptx
 from snapmla_cute.pipelines.kv_ring import KVRing
 from snapmla_cute.pipelines.roles import NUM_CONSUMER_WGS, PAIR_THREADS, THREADS_PER_WG, Barrier
 

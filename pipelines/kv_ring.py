@@ -1,10 +1,13 @@
-"""The KV ring: stage and phase of the g-th KV block a CTA consumes.
+"""The KV ring: stage and phase of the g-th KV block a CTA consumes, from both sides.
 
-The producer warp fills ``stages`` shared-memory stages in order through
+The producer fills ``stages`` shared-memory stages in order through
 ``cutlass.pipeline.PipelineTmaAsync``; block g lives in stage ``g mod S`` with mbarrier
 phase ``(g / S) mod 2``. The consumer warpgroups wait the stages in block order but hold
 up to three blocks at once (their own, the other warpgroup's, and the next QK's), so the
-pipeline states are computed from g instead of carried through the loops.
+pipeline states are computed from g instead of carried through the loops. The TMA producer
+(one thread) goes through the pipeline's own producer participant; the sparse decode's
+gathering threads use ``wait_free`` and ``full_addr`` (each arrives when its cp.async
+copies land).
 """
 
 from __future__ import annotations
@@ -58,3 +61,17 @@ class KVRing:
     def release(self, g):
         """This warpgroup is done with block g's stage (the producer may refill it)."""
         self.pipe.consumer_release(self.state(g))
+
+    @cute.jit
+    def wait_free(self, g):
+        """Producer: waits until block g's stage is free (its previous block released);
+        returns the stage."""
+        st = self.state(g)
+        # a producer waits the empty barrier's previous phase
+        self.pipe.sync_object_empty.wait(st.index, st.phase ^ 1)
+        return st.index
+
+    def full_addr(self, index):
+        """The full barrier of stage ``index`` (shared address): the gathering threads'
+        ``cp.async.mbarrier.arrive.noinc`` target."""
+        return self.pipe.sync_object_full.get_barrier(index).toint()

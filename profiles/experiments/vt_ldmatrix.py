@@ -45,7 +45,7 @@ from cutlass import Int32, Uint8, Float8E4M3FN, const_expr
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-from snapmla_cute.kernels.ptx import ldsm_x4_trans, stsm_x4  # the kernel's own wrappers
+from snapmla_cute.ptx import ldsm_x4_trans, stsm_x4  # the kernel's own wrappers
 
 
 @dsl_user_op

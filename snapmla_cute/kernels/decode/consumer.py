@@ -20,29 +20,20 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, Uint32
 from cutlass.cute.nvgpu import warpgroup
 
-from snapmla_cute.kernels.decode.config import FP8, PV_SPLITS
+from snapmla_cute.kernels.decode.args import ConsumerSync, DecodeInputs, DecodeMmas
+from snapmla_cute.kernels.decode.config import FP8, PV_SPLITS, DecodeConfig
+from snapmla_cute.kernels.decode.epilogue import Epilogue
+from snapmla_cute.kernels.decode.merge import Merger
 from snapmla_cute.kernels.decode.plan import PartWork
 from snapmla_cute.kernels.decode.softmax import OnlineSoftmax
-from snapmla_cute.kernels.ptx import stsm_x4
+from snapmla_cute.kernels.decode.storage import SmemTensors
+from snapmla_cute.kernels.decode.trace import Tracer
+from snapmla_cute.kernels.decode.transposer import Transposer
 from snapmla_cute.layouts import mma as M
 from snapmla_cute.layouts import p_permute as PP
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
-
-
-@dataclass(frozen=True)
-class DecodeMmas:
-    """The tiled MMAs: QK (e4m3 content, bf16 RoPE: one accumulator) and PV (P from registers
-    or from shared memory), each accumulating; ``*0`` run a chain's first k-step with
-    scale-d = 0 (zeroing the accumulator in registers instead makes ptxas spill)."""
-
-    qk: object
-    qk_rope: object
-    pv_rs: object
-    pv_ss: object
-    qk0: object
-    pv0: object
-    pv_rs0: object
+from snapmla_cute.ptx import stsm_x4
 
 
 @dataclass(frozen=True)
@@ -52,26 +43,26 @@ class ConsumerTiles:
     the MMA's state in that region (the DSL's dominance rule). Frozen: passed unchanged
     through the block loop."""
 
-    mmas: object
-    t_q: object
-    t_k: object
-    t_qr: object
-    t_kr: object
-    t_v: object
-    t_p: object
-    t_p_store: object
-    p_addr: object
-    acc_o: object
-    acc_o_mn: object
-    temps: object
-    temps_mn: object
-    acc_s: object
-    acc_s_mn: object
-    c_s_mn: object
-    rows_per_thr: object
+    mmas: DecodeMmas
+    t_q: cute.Tensor  # Q content, A operand (shared)
+    t_k: cute.Tensor  # K content per stage, B operand (shared)
+    t_qr: cute.Tensor  # Q RoPE, A operand (shared)
+    t_kr: cute.Tensor  # K RoPE per stage, B operand (shared)
+    t_v: list  # per PV split: Vᵀ per stage, B operand (shared)
+    t_p: cute.Tensor  # P per slot, A operand (shared: the other WG's P)
+    t_p_store: cute.Tensor  # this thread's register-layout view of the P slots
+    p_addr: Int32  # the P slots' shared address (stmatrix)
+    acc_o: list  # per PV split: O accumulator
+    acc_o_mn: list  # the same as (row, column)
+    temps: list  # PV temporaries (each block's P·V)
+    temps_mn: list
+    acc_s: cute.Tensor  # S, aliased into temps[0]
+    acc_s_mn: cute.Tensor
+    c_s_mn: cute.Tensor  # S's (row, column) coordinates per register
+    rows_per_thr: int
 
     @classmethod
-    def make(cls, cfg, mmas: DecodeMmas, smem, wg, wg_tidx):
+    def make(cls, cfg: DecodeConfig, mmas: DecodeMmas, smem: SmemTensors, wg: Int32, wg_tidx: Int32):
         pv_n = cfg.pv_n
         for mma in (mmas.qk, mmas.qk_rope, mmas.pv_rs, mmas.pv_ss):
             mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -120,38 +111,54 @@ class Segment:
     length ``seqlen``, ``n`` blocks from ``blk_lo``; ``k0`` blocks of the part before it;
     ``first``: this WG's first owned block (blocks alternate owners across requests)."""
 
-    r: object
-    req: object
-    seqlen: object
-    blk_lo: object
-    n: object
-    k0: object
-    first: object
+    r: Int32
+    req: Int32
+    seqlen: Int32
+    blk_lo: Int32
+    n: Int32
+    k0: Int32
+    first: Int32
 
 
+@dataclass(frozen=True)
 class Consumer:
-    """The consumer role; a mixin of ``DecodeKernel``."""
+    """The consumer role (two warpgroups under ``layout``'s register budget). It reads Q and
+    the KV ring through ``smem`` with the ``mmas``, waits and signals through ``sync``,
+    scales logits by ``inputs.q_scale`` and ``scale_log2`` (``visible``: a causal shard's
+    key counts, or None), and ends each request with the ``epilogue`` and, when split, the
+    ``merger``; ``transposer`` transposes its own blocks when the CTA has no transposer
+    warpgroup."""
+
+    cfg: DecodeConfig
+    layout: roles.Layout
+    tracer: Tracer
+    mmas: DecodeMmas
+    smem: SmemTensors
+    sync: ConsumerSync
+    inputs: DecodeInputs
+    scale_log2: Float32
+    visible: cute.Tensor
+    epilogue: Epilogue
+    merger: Merger
+    transposer: Transposer
 
     @cute.jit
-    def consumer_role(self, mmas, smem, io, ring, handshake, exchange, q_cons, m_q_scale, m_seqlens, scale_log2,
-                      m_tile, wg_idx, kv_addr, m_visible=None):
+    def run(self, m_tile: Int32, wg_idx: Int32, kv_addr: Int32):
         """Consumer WGs: raise the register budget, read the plan, run ``consume``.
         ``kv_addr``: the KV stages' shared address (``SmemTensors.kv_addr``)."""
-        cute.arch.setmaxregister_increase(self.roles.consumer_regs)
+        cute.arch.setmaxregister_increase(self.layout.consumer_regs)
         # read after setmaxnreg: values live across it would be spilled to local memory
-        work = PartWork.read(smem.plan, m_seqlens)
-        self.consume(
-            mmas, smem, io, work, ring, handshake, exchange, q_cons, m_q_scale, scale_log2, m_tile,
-            wg_idx - self.roles.first_consumer_wg, kv_addr, m_visible,
-        )
+        work = PartWork.read(self.smem.plan, self.inputs.seqlens)
+        self.consume(work, m_tile, wg_idx - self.layout.first_consumer_wg, kv_addr)
 
     @cute.jit
-    def consume(self, mmas, smem, io, work, ring, handshake, exchange, q_cons, m_q_scale, scale_log2, m_tile, wg,
-                kv_addr, m_visible=None):
+    def consume(self, work: PartWork, m_tile: Int32, wg: Int32, kv_addr: Int32):
         """Consumer WG ``wg`` over the part's request segments: per request the owned blocks
         (``consume_block``), the other WG's last block, the epilogue and, for a split
         request, the merge; then an idle part's merge share."""
         cfg = self.cfg
+        mmas, smem = self.mmas, self.smem
+        ring, q_cons = self.sync.ring, self.sync.q_pipe
         tidx, _, _ = cute.arch.thread_idx()
         wg_tidx = tidx % roles.THREADS_PER_WG
         tiles = ConsumerTiles.make(cfg, mmas, smem, wg, wg_tidx)
@@ -164,7 +171,7 @@ class Consumer:
             seqlen, blk_lo, blk_hi = work.block_range(r, req)
             n = blk_hi - blk_lo
             k0 = k_global
-            softmax.start_request(tiles.c_s_mn, m_q_scale, m_tile, req, seqlen, scale_log2, m_visible)
+            softmax.start_request(tiles.c_s_mn, self.inputs.q_scale, m_tile, req, seqlen, self.scale_log2, self.visible)
             for h in cutlass.range_constexpr(PV_SPLITS):
                 tiles.acc_o[h].fill(0.0)
             hq = q_cons.wait_and_advance()
@@ -180,8 +187,8 @@ class Consumer:
                     self.issue_qk(tiles, ring.stage_of(k0 + first))
             seg = Segment(r, req, seqlen, blk_lo, n, k0, first)
             for j in cutlass.range(first, n, 2, unroll=1):
-                self.consume_block(tiles, softmax, smem, seg, j, ring, handshake, exchange, wg_sync, wg, wg_tidx, kv_addr)
-            self.finish_blocks(tiles, softmax, seg, ring, handshake, exchange, wg_sync, wg)
+                self.consume_block(tiles, softmax, seg, j, wg_sync, wg, wg_tidx, kv_addr)
+            self.finish_blocks(tiles, softmax, seg, wg_sync, wg)
             k_global = k0 + n
             hq.release()
             if r == 0 and wg_tidx == 0:
@@ -190,37 +197,40 @@ class Consumer:
             state = (softmax.row_max, softmax.sigma_p, softmax.row_sum)
             if cutlass.const_expr(cfg.cluster > 1):
                 if work.clustered():
-                    self.cluster_epilogue(io, mmas.pv_rs, tiles.acc_o_mn, state, m_tile, req, n > 0, wg, wg_tidx,
-                                          kv_addr, smem.cl_mbar_addr())
+                    self.epilogue.cluster_epilogue(tiles.acc_o_mn, state, m_tile, req, n > 0, wg, wg_tidx, kv_addr,
+                                                   smem.cl_mbar_addr())
                 else:
-                    self.epilogue(io, mmas.pv_rs, tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0,
-                                  wg, wg_tidx, kv_addr, smem.storage.amax.data_ptr().toint())
+                    self.epilogue.epilogue(tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0, wg,
+                                           wg_tidx, kv_addr, smem.storage.amax.data_ptr().toint())
             else:
-                self.epilogue(io, mmas.pv_rs, tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0, wg,
-                              wg_tidx, kv_addr, smem.storage.amax.data_ptr().toint())
+                self.epilogue.epilogue(tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0, wg, wg_tidx,
+                                       kv_addr, smem.storage.amax.data_ptr().toint())
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("epilogue_done", wg)
             if n_splits > 1:
                 # finish_split's first pair barrier also orders the f16 epilogue's s_amax reads
                 # before the next split's writes (Epilogue.epilogue has no barrier of its own)
-                n_mergers = self.merger_count(n_splits, work.helpers(), req, cute.size(work.m_seqlens))
-                self.finish_split(
-                    io, kv_addr, m_tile, req, first, split, n_splits, n_mergers,
-                    tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG, True,
+                n_mergers = self.merger.merger_count(n_splits, work.helpers(), req, cute.size(work.m_seqlens))
+                self.merger.finish_split(
+                    kv_addr, m_tile, req, first, split, n_splits, n_mergers,
+                    tidx - self.layout.first_consumer_wg * roles.THREADS_PER_WG, True,
                 )
         if work.helper_request() >= 0:
             # an idle part: merge a share of a split request's rows (plan)
-            self.finish_split(
-                io, kv_addr, m_tile, *work.helper_share(), tidx - self.roles.first_consumer_wg * roles.THREADS_PER_WG,
+            self.merger.finish_split(
+                kv_addr, m_tile, *work.helper_share(), tidx - self.layout.first_consumer_wg * roles.THREADS_PER_WG,
                 False,
             )
         if wg_tidx == 0:
             self.tracer.stamp("exit", wg)
 
     @cute.jit
-    def consume_block(self, tiles, softmax, smem, seg, j, ring, handshake, exchange, wg_sync, wg, wg_tidx, kv_addr):
+    def consume_block(self, tiles: ConsumerTiles, softmax: OnlineSoftmax, seg: Segment, j: Int32,
+                      wg_sync: pipeline.NamedBarrier, wg: Int32, wg_tidx: Int32, kv_addr: Int32):
         """This WG's owned block j of the segment ``seg``, its QK issued two blocks earlier."""
         cfg = self.cfg
+        smem = self.smem
+        ring, handshake, exchange = self.sync.ring, self.sync.handshake, self.sync.exchange
         r = seg.r
         g = seg.k0 + j
         stage = ring.stage_of(g)
@@ -247,7 +257,7 @@ class Consumer:
         # WG's state of block j-1. Every block but a request's last is whole (all 64 tokens
         # valid, and visible to every row): no masking code there.
         if cutlass.const_expr("transpose" not in cfg.skip and not cfg.transposer):
-            self.transpose_block(kv_addr, stage, valid, wg_sync, wg_tidx)
+            self.transposer.transpose_block(kv_addr, stage, valid, wg_sync, wg_tidx)
         if j >= 1:
             exchange.wait_state(1 - slot, tiles.c_s_mn, softmax.other_state())
         else:
@@ -312,9 +322,11 @@ class Consumer:
         self.tracer.block_event("qk_issued", wg, r, j, wg_tidx)
 
     @cute.jit
-    def finish_blocks(self, tiles, softmax, seg, ring, handshake, exchange, wg_sync, wg):
+    def finish_blocks(self, tiles: ConsumerTiles, softmax: OnlineSoftmax, seg: Segment, wg_sync: pipeline.NamedBarrier,
+                      wg: Int32):
         """After the owned blocks: the request's final state, and PV of the other WG's last
         block when it comes after this WG's last one."""
+        ring, handshake, exchange = self.sync.ring, self.sync.handshake, self.sync.exchange
         warpgroup.wait_group(0)  # nothing is in flight here; tells ptxas acc_s is free
         n = seg.n
         k0 = seg.k0
@@ -334,7 +346,7 @@ class Consumer:
             ring.release(g)
 
     @cute.jit
-    def issue_qk(self, tiles, stage):
+    def issue_qk(self, tiles: ConsumerTiles, stage: Int32):
         """QK of one block, asynchronously: 16 e4m3 k-steps then 4 bf16 RoPE k-steps chained on
         one accumulator (Eq. 6). The tensor core's truncating adder is part of the spec
         (``reference.tensor_core_mma``), so no promotion waits are needed."""
@@ -352,7 +364,7 @@ class Consumer:
         warpgroup.commit_group()
 
     @cute.jit
-    def pv_blocks(self, tiles, blocks):
+    def pv_blocks(self, tiles: ConsumerTiles, blocks: list):
         """This WG's 256 output dims of one or two blocks' P·V, in block order (order
         enforcement): each N = 64 GEMM lands in a zeroed temporary and o = γ·o + P·V is done
         in fp32. With two temporaries the next GEMM is issued before the previous one is
@@ -390,7 +402,7 @@ class Consumer:
                 acc_mn[i, j] = acc_mn[i, j] * gamma[i] + blk_mn[i, j]
 
     @cute.jit
-    def publish_p(self, tiles, t_p, slot, wg_tidx):
+    def publish_p(self, tiles: ConsumerTiles, t_p: cute.Tensor, slot: Int32, wg_tidx: Int32):
         """P of this WG's block into ``sP[slot]`` for the other WG's PV: two stmatrix.x4 per
         thread (``DecodeConfig.p_stsm``; ``layouts.smem.p_stsm_offset``) or scalar stores."""
         if cutlass.const_expr(self.cfg.p_stsm):
@@ -403,7 +415,7 @@ class Consumer:
             cute.autovec_copy(t_p, tiles.t_p_store[None, None, None, slot])
 
     @cute.jit
-    def acc_to_fp8_operand(self, acc, operand_layout_tv):
+    def acc_to_fp8_operand(self, acc: cute.Tensor, operand_layout_tv):
         """fp32 P accumulator → e4m3 A-operand registers: cvt, then with
         ``DecodeConfig.pi_order`` one prmt per word inside the lane (K position k then holds
         column π(k), as Vᵀ does; ``layouts.p_permute.pi_packed_labels``), else the quad byte

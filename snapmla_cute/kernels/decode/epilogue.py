@@ -16,13 +16,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32
 
-from snapmla_cute.kernels import ptx
 import cutlass.pipeline as pipeline
 
-from snapmla_cute.kernels.decode.softmax import tree
+from snapmla_cute import ptx
+from snapmla_cute.kernels.decode.args import DecodeOutputs
 from snapmla_cute.kernels.decode.config import (
-    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS,
+    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS, DecodeConfig,
 )
+from snapmla_cute.kernels.decode.softmax import tree
 from snapmla_cute.layouts import mma as M
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
@@ -30,29 +31,24 @@ from snapmla_cute.pipelines.handshakes import ClusterExchange
 
 
 @dataclass(frozen=True)
-class DecodeOutputs:
-    """Where results go: ``out`` bf16 (R, 512, b) and ``lse`` fp32 (b, h, s_q); a split
-    request's partials ``o_partial`` (R, 512, splits; fp32, or f16 and scales in the same
-    slots: ``Epilogue.partial_views``) and ``lse_partial`` (R, splits);
-    ``counters`` int32 (b, 2·m_tiles): splits counted and mergers done per (request, m-tile)."""
-
-    out: object
-    lse: object
-    o_partial: object
-    lse_partial: object
-    counters: object
-
-
 class Epilogue:
-    """The epilogue of the consumer role; a mixin of ``DecodeKernel``."""
+    """The consumers' epilogue: ``io`` receives the results; ``pv_mma`` is the PV MMA whose
+    accumulator layout the output tiles have; the per-warp staging buffers follow the KV
+    stages' ``kv_smem_bytes`` (``storage.shared_storage``)."""
+
+    cfg: DecodeConfig
+    io: DecodeOutputs
+    pv_mma: cute.TiledMma
+    kv_smem_bytes: int
 
     @cute.jit
-    def epilogue(self, io, pv_mma_rs, acc_o_mn, state, m_tile, req, split_row, n_splits, any_blocks, wg, wg_tidx,
-                 kv_addr, amax_addr):
+    def epilogue(self, acc_o_mn: list, state: tuple, m_tile: Int32, req: Int32, split_row: Int32, n_splits: Int32,
+                 any_blocks, wg: Int32, wg_tidx: Int32, kv_addr: Int32, amax_addr: Int32):
         """This WG's 256 output columns, normalized by ℓ: bf16 into ``out`` (an unsplit
         request) or into its split's partial row (f16 and a scale, or fp32); and the LSE.
         ``state``: (m, σ_p, ℓ); ``amax_addr``: the two WGs' row maxima (shared)."""
         cfg = self.cfg
+        io, pv_mma_rs = self.io, self.pv_mma
         row_max, sigma_p, row_sum = state
         # this thread's coordinates from a laundered index: derived from the thread index
         # before the block loop, ptxas kept (and, in causal variants, spilled) them
@@ -93,7 +89,7 @@ class Epilogue:
             # memory, so the merge keeps one weight per split. More splits (small batches,
             # where a partial's latency counts, not its bytes; one-block splits were slower
             # as f16) stay fp32.
-            o16, scales = self.partial_views(io, req)
+            o16, scales = io.partial_views(req)
             post = cute.make_rmem_tensor((rows_per_thr,), Float32)
             s_amax = cute.make_tensor(cute.make_ptr(Float32, amax_addr, cute.AddressSpace.smem, assumed_align=16),
                                       cute.make_layout((L.M_TILE, 2), stride=(1, L.M_TILE)))
@@ -119,29 +115,9 @@ class Epilogue:
         else:
             self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
 
-    def partial_views(self, io, dep):
-        """A split's partial slot (fp32 (R, 512) of ``o_partial``) in the f16 format of a
-        request of at most ``merge_few`` splits: its first half o/ℓ·f as f16 (R, 512), then
-        1/f per row (fp32). Each split keeps its own slot, so requests of either format
-        share the buffer. Returns (f16 (R, 512, splits), fp32 (R, splits))."""
-        part = io.o_partial
-        R, _, _ = part.shape
-        st = part.layout.stride
-        o16 = cute.make_tensor(
-            cute.recast_ptr(part.iterator, dtype=Float16),
-            cute.make_layout(part.shape, stride=(st[0], st[1], 2 * st[2])),
-        )
-        # the scales' offset laundered by ``dep`` (the request): computed before the block
-        # loop, ptxas kept it live there
-        scales = cute.make_tensor(
-            part.iterator + ptx.launder(Int32(R * st[0] // 2), dep),
-            cute.make_layout((R, part.shape[2]), stride=(1, st[2])),
-        )
-        return o16, scales
-
     @cute.jit
-    def cluster_epilogue(self, io, pv_mma_rs, acc_o_mn, state, m_tile, req, any_blocks, wg, wg_tidx, kv_addr,
-                         mbar_addr):
+    def cluster_epilogue(self, acc_o_mn: list, state: tuple, m_tile: Int32, req: Int32, any_blocks, wg: Int32,
+                         wg_tidx: Int32, kv_addr: Int32, mbar_addr: Int32):
         """The cluster plan's end: this CTA (rank q of k) holds o/ℓ and the LSE of a k-th of
         the request's blocks. Rank d owns rows [64d/k, 64(d+1)/k): every CTA sends the rows
         it does not own (only those below ``cfg.rows``: none past them is ever written) to
@@ -152,6 +128,7 @@ class Epilogue:
         one arrival per peer) and ``data`` (every sending thread's rows have arrived):
         ``pipelines.handshakes.ClusterExchange``."""
         cfg = self.cfg
+        io, pv_mma_rs = self.io, self.pv_mma
         k = cfg.cluster
         row_max, sigma_p, row_sum = state
         wg_tidx = ptx.launder(wg_tidx, req)

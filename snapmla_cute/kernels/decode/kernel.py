@@ -20,14 +20,17 @@ from cutlass import BFloat16, Float32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 
+from snapmla_cute import ptx
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
-from snapmla_cute.kernels import ptx
+from snapmla_cute.kernels.decode.args import (
+    ConsumerSync, DecodeInputs, DecodeMmas, DecodeOutputs, SmemLayouts, TmaLoads,
+)
 from snapmla_cute.kernels.decode.config import CLUSTER_SIZES, FP8, MERGE_BATCH, SM90_SMEM_BYTES, DecodeConfig
-from snapmla_cute.kernels.decode.consumer import Consumer, DecodeMmas
-from snapmla_cute.kernels.decode.epilogue import DecodeOutputs, Epilogue
+from snapmla_cute.kernels.decode.consumer import Consumer
+from snapmla_cute.kernels.decode.epilogue import Epilogue
 from snapmla_cute.kernels.decode.merge import Merger
 from snapmla_cute.kernels.decode.plan import PartWork, Planner
-from snapmla_cute.kernels.decode.producer import Producer, TmaLoads
+from snapmla_cute.kernels.decode.producer import Producer
 from snapmla_cute.kernels.decode.storage import SmemTensors, shared_storage
 from snapmla_cute.kernels.decode.trace import Tracer
 from snapmla_cute.kernels.decode.transposer import Transposer
@@ -38,7 +41,11 @@ from snapmla_cute.pipelines.handshakes import ClusterExchange, PairExchange, Tra
 from snapmla_cute.pipelines.kv_ring import KVRing
 
 
-class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
+class DecodeKernel:
+    """The decode's compile-time choices (``cfg``), its launch (``__call__``: MMAs, layouts,
+    TMA atoms, shared storage) and its wiring (``kernel``: pipelines, views, plan, then each
+    warpgroup's role object)."""
+
     def __init__(self, cfg: DecodeConfig):
         if cfg.merge_few < 0 or (cfg.merge_few and MERGE_BATCH % cfg.merge_few):
             raise ValueError(f"DecodeConfig: merge_few must be 0 or a divisor of {MERGE_BATCH}; got {cfg}")
@@ -51,8 +58,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         self.cfg = cfg
         self.roles = roles.layout(cfg.transposer)
         self.threads = self.roles.threads
-        self.planner = DecodeSchedulerKernel(cfg.scheduler)
-        self.n_sub = L.BLOCK_N // cfg.box_rows
+        self.scheduler = DecodeSchedulerKernel(cfg.scheduler)
         self.n_scale = L.BLOCK_N // cfg.scale_box  # scale slots per block
         self.scale_stride = max(cfg.scale_box, 32)  # floats between slots of scales
 
@@ -140,12 +146,15 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             raise ValueError(f"decode: the cluster merge of {cfg.cluster} needs {cfg.cluster_recv_bytes[1]} B of KV "
                              f"stages, {cfg.kv_stages} stages have {self.kv_smem_bytes} B")
         num_parts = m_sched.shape[0]
+        # the bundles flatten, in this order, into the kernel's parameters
         self.kernel(
-            qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0,
-            tma_q_nope, g_q_nope, tma_q_rope, g_q_rope, tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks,
-            m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets,
-            m_out, m_lse, m_o_partial, m_lse_partial, m_counters, scale_log2,
-            q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl, m_visible,
+            DecodeMmas(qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0),
+            TmaLoads((tma_q_nope, g_q_nope), (tma_q_rope, g_q_rope), (tma_kv, g_kv), (tma_kr, g_kr), (tma_ks, g_ks)),
+            DecodeInputs(m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets),
+            DecodeOutputs(m_out, m_lse, m_o_partial, m_lse_partial, m_counters),
+            scale_log2,
+            SmemLayouts(q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl),
+            m_visible,
         ).launch(
             grid=[cfg.m_tiles, num_parts, 1],
             block=[self.threads, 1, 1],
@@ -161,40 +170,12 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
     @cute.kernel
     def kernel(
         self,
-        qk_mma: cute.TiledMma,
-        qk_rope_mma: cute.TiledMma,
-        pv_mma_rs: cute.TiledMma,
-        pv_mma_ss: cute.TiledMma,
-        qk_mma0: cute.TiledMma,
-        pv_mma0: cute.TiledMma,
-        pv_mma_rs0: cute.TiledMma,
-        tma_q_nope: cute.CopyAtom,
-        g_q_nope: cute.Tensor,
-        tma_q_rope: cute.CopyAtom,
-        g_q_rope: cute.Tensor,
-        tma_kv: cute.CopyAtom,
-        g_kv: cute.Tensor,
-        tma_kr: cute.CopyAtom,
-        g_kr: cute.Tensor,
-        tma_ks: cute.CopyAtom,
-        g_ks: cute.Tensor,
-        m_q_scale: cute.Tensor,
-        m_block_table: cute.Tensor,
-        m_seqlens: cute.Tensor,
-        m_sched: cute.Tensor,
-        m_split_offsets: cute.Tensor,
-        m_out: cute.Tensor,
-        m_lse: cute.Tensor,
-        m_o_partial: cute.Tensor,
-        m_lse_partial: cute.Tensor,
-        m_counters: cute.Tensor,
+        mmas: DecodeMmas,
+        tma: TmaLoads,
+        inputs: DecodeInputs,
+        io: DecodeOutputs,
         scale_log2: Float32,
-        q_nope_sl: cute.ComposedLayout,
-        q_rope_sl: cute.ComposedLayout,
-        kv_sl: cute.ComposedLayout,
-        kr_sl: cute.ComposedLayout,
-        vt_sl: cute.ComposedLayout,
-        p_sl: cute.ComposedLayout,
+        layouts: SmemLayouts,
         m_visible: cute.Tensor,
     ):
         """Wiring only: pipelines, shared-memory views, the plan, then each warpgroup's role."""
@@ -205,13 +186,12 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         wg_idx = cute.arch.make_warp_uniform(tidx // roles.THREADS_PER_WG)
 
         # profiling stamps (DecodeConfig.trace / trace_loop; no code otherwise), read by the roles
-        self.tracer = Tracer(cfg, m_o_partial, m_sched, m_tile, part)
+        tracer = Tracer.make(cfg, io.o_partial, inputs.sched, m_tile, part)
         # safe this early: a dependent's griddepcontrol.wait still waits for this whole
         # grid, and it is scheduled only after every CTA of this grid has started
         cute.arch.griddepcontrol_launch_dependents()
         if tidx == 0:
-            self.tracer.stamp("start")
-        tma = TmaLoads((tma_q_nope, g_q_nope), (tma_q_rope, g_q_rope), (tma_kv, g_kv), (tma_kr, g_kr), (tma_ks, g_ks))
+            tracer.stamp("start")
         if warp_idx == 0:
             # the descriptors' first use is on the critical path of a short part
             for atom in tma.atoms():
@@ -232,7 +212,7 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
             tx_count=self.kv_bytes, defer_sync=True,
         )
         kv_prod, _ = kv_pipe.make_participants()
-        smem = SmemTensors.make(storage, cfg, self.scale_stride, self.n_scale, q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl)
+        smem = SmemTensors.make(storage, cfg, self.scale_stride, self.n_scale, layouts)
         ring = KVRing(cfg.kv_stages, kv_pipe, cfg.sparse)
         handshake = TransposerHandshake(
             ring, storage.qk_mbar.data_ptr(), storage.vt_mbar.data_ptr(),
@@ -255,27 +235,31 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
         cute.arch.griddepcontrol_wait()  # the previous grid's writes (lengths, KV, Q, counters)
         # this part's plan, computed here from the lengths (no scheduler launch); the KV
         # stages are its scratch until the producer starts
-        self.plan(m_seqlens, m_sched, m_split_offsets, storage.kv.data_ptr(), storage.scan.get_tensor(
-            cute.make_layout((self.threads // 32,))), smem.plan, m_tile, part, tidx)
+        planner = Planner(cfg, self.scheduler, self.threads, tracer)
+        planner.plan(inputs, storage.kv.data_ptr(), storage.scan.get_tensor(cute.make_layout((self.threads // 32,))),
+                     smem.plan, m_tile, part, tidx)
         if tidx == 0:
-            self.tracer.stamp("planned")
+            tracer.stamp("planned")
 
+        transposer = Transposer(cfg, tracer)
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
+            producer = Producer(cfg, tracer, tma, smem)
             if cutlass.const_expr(cfg.sparse):
-                work = PartWork.read(smem.plan, m_seqlens)
-                self.load_sparse(tma, smem, m_block_table, kv_pipe, q_prod, m_tile, work, warp_idx)
+                work = PartWork.read(smem.plan, inputs.seqlens)
+                producer.load_sparse(inputs.block_table, ring, q_prod, m_tile, work, warp_idx)
             elif warp_idx == 0:
-                work = PartWork.read(smem.plan, m_seqlens)
-                self.load(tma, smem, m_block_table, m_seqlens, q_prod, kv_prod, m_tile, work)
+                work = PartWork.read(smem.plan, inputs.seqlens)
+                producer.load(inputs.block_table, q_prod, kv_prod, m_tile, work)
         else:
             kv_addr = smem.kv_addr()
-            mmas = DecodeMmas(qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0)
-            io = DecodeOutputs(m_out, m_lse, m_o_partial, m_lse_partial, m_counters)
-            exchange = PairExchange(smem.state)
-            consumer_args = (
-                mmas, smem, io, ring, handshake, exchange, q_cons, m_q_scale, m_seqlens, scale_log2, m_tile, wg_idx,
-                kv_addr, m_visible,
+            consumer = Consumer(
+                cfg, self.roles, tracer, mmas, smem,
+                ConsumerSync(ring, handshake, PairExchange(smem.state), q_cons),
+                inputs, scale_log2, m_visible,
+                Epilogue(cfg, io, mmas.pv_rs, self.kv_smem_bytes),
+                Merger(cfg, tracer, io),
+                transposer,
             )
             if cutlass.const_expr(cfg.transposer):
                 # the consumers' branch comes last: ptxas spilled them at 224 registers when
@@ -284,9 +268,9 @@ class DecodeKernel(Planner, Producer, Transposer, Consumer, Epilogue, Merger):
                     cute.arch.setmaxregister_decrease(roles.TRANSPOSER_REGS)
                     kv_addr_t = smem.kv_addr()
                     wg_tidx = tidx % roles.THREADS_PER_WG
-                    work = PartWork.read(smem.plan, m_seqlens)
-                    self.transpose_blocks(work, kv_addr_t, handshake, wg_tidx)
+                    work = PartWork.read(smem.plan, inputs.seqlens)
+                    transposer.transpose_blocks(work, kv_addr_t, handshake, wg_tidx)
                 else:
-                    self.consumer_role(*consumer_args)
+                    consumer.run(m_tile, wg_idx, kv_addr)
             else:
-                self.consumer_role(*consumer_args)
+                consumer.run(m_tile, wg_idx, kv_addr)

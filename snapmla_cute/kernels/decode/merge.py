@@ -7,7 +7,7 @@ sends to help, wait for the count and merge a share of its rows each: lse = max 
 exp(lse_s - max), out = Σ exp(lse_s - lse)·O_s, summed in fp32. A request of at most
 ``DecodeConfig.merge_few`` splits merges batched (a thread per row for the LSE, several 8-dim
 items per thread with all their splits' loads issued together) from f16 partials with a
-power-of-two scale per row (``Epilogue.partial_views``; the scale folds into the split's
+power-of-two scale per row (``DecodeOutputs.partial_views``; the scale folds into the split's
 weight); more splits merge fp32 partials, a warp per row and an item per thread at a time.
 The last split processes the request first in its part and goes on. The last merger
 resets the counters for the next call.
@@ -15,23 +15,35 @@ resets the counters for the next call.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import BFloat16, Float16, Float32, Int32
 
+from snapmla_cute import ptx
 from snapmla_cute.format import CONTENT_DIM
-from snapmla_cute.kernels import ptx
-from snapmla_cute.kernels.decode.config import MERGE_BATCH, MERGE_MAX_SPLITS, MERGE_W_OFFSET, MERGE_WAIT_LIMIT_NS
+from snapmla_cute.kernels.decode.args import DecodeOutputs
+from snapmla_cute.kernels.decode.config import (
+    MERGE_BATCH, MERGE_MAX_SPLITS, MERGE_W_OFFSET, MERGE_WAIT_LIMIT_NS, DecodeConfig,
+)
+from snapmla_cute.kernels.decode.trace import Tracer
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
 
 
+@dataclass(frozen=True)
 class Merger:
-    """The merge step of the consumer role; a mixin of ``DecodeKernel``."""
+    """The merge of a split request's partials in ``io``, run by the consumer warpgroups of
+    its last split, of its other splits and of parts the plan left idle."""
+
+    cfg: DecodeConfig
+    tracer: Tracer
+    io: DecodeOutputs
 
     @cute.jit
-    def merger_count(self, n_splits, helpers, req, batch):
+    def merger_count(self, n_splits: Int32, helpers: Int32, req: Int32, batch: Int32):
         """Mergers of a split request: its splits 0..n-2, plus the idle parts k < ``helpers``
         with k mod b = req (the plan's helper assignment)."""
         n = n_splits - 1
@@ -41,13 +53,15 @@ class Merger:
 
     @cute.jit
     def finish_split(
-        self, io, kv_addr, m_tile, req, first, split, n_splits, n_mergers, ctid, is_split: cutlass.Constexpr,
+        self, kv_addr: Int32, m_tile: Int32, req: Int32, first: Int32, split: Int32, n_splits: Int32,
+        n_mergers: Int32, ctid: Int32, is_split: cutlass.Constexpr,
     ):
         """A split's end (``is_split``: count this split, and merge unless it is the last) or
         an idle part's merge share (``split`` is then its merger index). ``first``: the
         request's first split row; ``n_mergers`` share the rows; ``ctid``: 0..255 over both
         consumer WGs."""
         cfg = self.cfg
+        io = self.io
         m_out, m_lse, m_o_partial, m_lse_partial, m_counters = io.out, io.lse, io.o_partial, io.lse_partial, io.counters
         ctid = ptx.launder(ctid, req)  # its index math is not hoisted into the block loop (spills)
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
@@ -96,7 +110,7 @@ class Merger:
                     warp_rows = 0
                     # a thread per row, its splits' loads issued together (rows <= 64 < threads)
                     if ctid < nrows:
-                        _, m_scales = self.partial_views(io, req)
+                        _, m_scales = io.partial_views(req)
                         self.few_split_lse(
                             m_tile, req, r0 + ctid, ctid, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse
                         )
@@ -149,7 +163,7 @@ class Merger:
             if cutlass.const_expr(cfg.merge_few > 0):
                 if few:
                     item_end = 0
-                    o16, _ = self.partial_views(io, req)
+                    o16, _ = io.partial_views(req)
                     # half as many splits: twice the items per thread at once
                     if n_splits <= max(1, cfg.merge_few // 2):
                         self.few_split_rows(

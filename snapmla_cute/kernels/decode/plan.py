@@ -16,7 +16,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, PLAN_CLUSTER, clamp_len
+from snapmla_cute.kernels.decode.args import DecodeInputs
+from snapmla_cute.kernels.decode.config import DecodeConfig
+from snapmla_cute.kernels.decode.trace import Tracer
+from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, PLAN_CLUSTER, DecodeSchedulerKernel, clamp_len
 from snapmla_cute.layouts import smem as L
 
 
@@ -101,16 +104,24 @@ class PartWork:
         return self.s_plan[10], self.s_plan[11], self.s_plan[12], self.s_plan[13], self.s_plan[14]
 
 
+@dataclass(frozen=True)
 class Planner:
-    """The plan role (all threads of the CTA); a mixin of ``DecodeKernel`` (``self.planner``:
-    the scheduler kernel whose helpers compute the same plan)."""
+    """The plan role (all ``threads`` of the CTA): ``scheduler`` is the scheduler kernel whose
+    helpers compute the same plan."""
+
+    cfg: DecodeConfig
+    scheduler: DecodeSchedulerKernel
+    threads: int
+    tracer: Tracer
 
     @cute.jit
-    def plan(self, m_seqlens, m_sched, m_split_offsets, scratch_ptr, s_scan, s_plan, m_tile, part, tidx):
+    def plan(self, inputs: DecodeInputs, scratch_ptr: cute.Pointer, s_scan: cute.Tensor, s_plan: cute.Tensor,
+             m_tile: Int32, part: Int32, tidx: Int32):
         """All threads: this part's row of the split-KV plan (``decode_scheduler``'s, same
         code) into ``s_plan``, plus the split rows of its first and last request. CTA (0, 0)
         also writes ``split_offsets`` and every m-tile-0 CTA its ``sched`` row, so the
         metadata shows the plan that ran."""
+        m_seqlens, m_sched, m_split_offsets = inputs.seqlens, inputs.sched, inputs.split_offsets
         batch = cute.size(m_seqlens)
         num_parts = m_sched.shape[0]
         words = cute.recast_ptr(scratch_ptr, dtype=Int32)
@@ -118,7 +129,7 @@ class Planner:
         s_split = cute.make_tensor(words + (MAX_BATCH + 1), cute.make_layout((MAX_BATCH + 1,)))
         total = Int32(0)
         width = Int32(1)
-        rule = cutlass.const_expr(self.planner.cfg.split_units > 0)
+        rule = cutlass.const_expr(self.scheduler.cfg.split_units > 0)
         whole = Int32(0) if rule else None  # None: the whole-request rule compiled out
         if batch <= 32:
             # one warp, one request per lane: both prefix sums by shuffles, no CTA barrier
@@ -128,20 +139,20 @@ class Planner:
                 if cutlass.const_expr(rule):
                     whole = w_warp
         else:
-            total = self.planner.unit_prefix(m_seqlens, s_pre, s_scan, tidx, self.threads)
+            total = self.scheduler.unit_prefix(m_seqlens, s_pre, s_scan, tidx, self.threads)
             cute.arch.sync_threads()
             if tidx == 0:
                 self.tracer.stamp("lengths_read")
-            width = self.planner.width_of(total, num_parts)
+            width = self.scheduler.width_of(total, num_parts)
             if cutlass.const_expr(rule):
                 if batch <= num_parts:  # every warp finds c_max itself: no barrier
-                    c_max = self.planner.max_units(s_pre, batch, tidx % 32)
+                    c_max = self.scheduler.max_units(s_pre, batch, tidx % 32)
                     whole = self.whole_requests(total, c_max, batch, num_parts)
-            split_w = self.planner.split_width(total, width, whole)
-            self.planner.split_prefix(s_pre, batch, split_w, s_split, s_scan, tidx, self.threads)
+            split_w = self.scheduler.split_width(total, width, whole)
+            self.scheduler.split_prefix(s_pre, batch, split_w, s_split, s_scan, tidx, self.threads)
         if tidx == 0:
             self.tracer.stamp("splits_counted")
-            b_req, b_blk, e_req, e_blk, split = self.planner.part_plan(s_pre, batch, total, width, part, whole)
+            b_req, b_blk, e_req, e_blk, split = self.scheduler.part_plan(s_pre, batch, total, width, part, whole)
             self.tracer.stamp("part_planned")
             s_plan[0] = b_req
             s_plan[1] = b_blk
@@ -170,10 +181,10 @@ class Planner:
             if cutlass.const_expr(rule):
                 if whole != 0:
                     busy = batch
-                if cutlass.const_expr(self.planner.cfg.cluster > 1):
+                if cutlass.const_expr(self.scheduler.cfg.cluster > 1):
                     if whole == PLAN_CLUSTER:
-                        busy = batch * self.planner.cfg.cluster
-                if cutlass.const_expr(self.planner.cfg.pairs):
+                        busy = batch * self.scheduler.cfg.cluster
+                if cutlass.const_expr(self.scheduler.cfg.pairs):
                     if whole == 2:
                         busy = 2 * batch
             helpers = cutlass.max(num_parts - busy, 0)
@@ -206,8 +217,8 @@ class Planner:
     @cute.jit
     def whole_requests(self, total, c_max, batch, num_parts):
         """The scheduler's whole-request rule with this kernel's constants (``DecodeConfig.scheduler``)."""
-        c = self.planner.cfg
-        whole = self.planner.whole_requests(total, c_max, batch, num_parts, Int32(c.split_units), Int32(c.stream_parts),
+        c = self.scheduler.cfg
+        whole = self.scheduler.whole_requests(total, c_max, batch, num_parts, Int32(c.split_units), Int32(c.stream_parts),
                                             c.cluster)
         if cutlass.const_expr(c.pairs):
             if 2 * batch <= num_parts:
@@ -220,27 +231,27 @@ class Planner:
         values as ``DecodeSchedulerKernel.unit_prefix`` / ``split_prefix``: returns (total
         units, units per part, whole requests: 0 with the rule compiled out); ``s_pre`` and
         ``s_split`` are visible to lane 0 after."""
-        ov = self.planner.cfg.fixed_overhead_blocks
+        ov = self.scheduler.cfg.fixed_overhead_blocks
         units = Int32(0)
         if lane < batch:
-            units = self.planner.n_blocks(m_seqlens[lane]) + ov
-        incl = self.planner.warp_inclusive_scan(units, lane)
+            units = self.scheduler.n_blocks(m_seqlens[lane]) + ov
+        incl = self.scheduler.warp_inclusive_scan(units, lane)
         total = cute.arch.shuffle_sync(incl, 31)
         if lane == 0:
             self.tracer.stamp("lengths_read")
-        width = self.planner.width_of(total, num_parts)
+        width = self.scheduler.width_of(total, num_parts)
         whole = Int32(0)
         split_w = width
-        if cutlass.const_expr(self.planner.cfg.split_units > 0):
+        if cutlass.const_expr(self.scheduler.cfg.split_units > 0):
             whole = self.whole_requests(total, cute.arch.warp_redux_sync(units, "max"), batch, num_parts)
-            split_w = self.planner.split_width(total, width, whole)
+            split_w = self.scheduler.split_width(total, width, whole)
         splits = Int32(0)
         if lane < batch:
             s_pre[lane] = incl - units
-            splits = self.planner.splits_of(incl - units, incl, split_w)  # S_r, S_r+1 on registers
+            splits = self.scheduler.splits_of(incl - units, incl, split_w)  # S_r, S_r+1 on registers
         if lane == 0:
             s_pre[batch] = total
-        incl2 = self.planner.warp_inclusive_scan(splits, lane)
+        incl2 = self.scheduler.warp_inclusive_scan(splits, lane)
         total2 = cute.arch.shuffle_sync(incl2, 31)
         if lane < batch:
             s_split[lane] = incl2 - splits

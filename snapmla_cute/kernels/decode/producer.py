@@ -18,34 +18,38 @@ from cutlass import Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
 from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
-from snapmla_cute.kernels import ptx
-from snapmla_cute.kernels.decode.config import L2_EVICT_FIRST, OOB_PAGE
+from snapmla_cute import ptx
+from snapmla_cute.kernels.decode.args import TmaLoads
+from snapmla_cute.kernels.decode.config import L2_EVICT_FIRST, OOB_PAGE, DecodeConfig
+from snapmla_cute.kernels.decode.plan import PartWork
+from snapmla_cute.kernels.decode.storage import SmemTensors
+from snapmla_cute.kernels.decode.trace import Tracer
 from snapmla_cute.kernels.decode_scheduler import clamp_len
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
+from snapmla_cute.pipelines.kv_ring import KVRing
 
 
 @dataclass(frozen=True)
-class TmaLoads:
-    """The TMA atoms and the global tensors they partition, as (atom, tensor) pairs: Q's
-    content and RoPE (64-row tiles), the KV content, RoPE and scales (``box_rows`` tokens)."""
-
-    q_nope: tuple
-    q_rope: tuple
-    kv: tuple
-    kr: tuple
-    ks: tuple
-
-    def atoms(self):
-        return (self.q_nope[0], self.q_rope[0], self.kv[0], self.kr[0], self.ks[0])
-
-
 class Producer:
-    """The producer role (warp 0 of warpgroup 0); a mixin of ``DecodeKernel``."""
+    """The producer role: warp 0 of warpgroup 0 loads by TMA (``load``); the sparse decode's
+    whole warpgroup gathers with cp.async (``load_sparse``). ``tma``: the atoms and the
+    global tensors they read; ``smem``: the destination views."""
 
-    def q_partitions(self, tma: TmaLoads, smem):
+    cfg: DecodeConfig
+    tracer: Tracer
+    tma: TmaLoads
+    smem: SmemTensors
+
+    @property
+    def n_sub(self) -> int:
+        """TMA boxes per 64-token block (a page may hold fewer than 64 tokens)."""
+        return L.BLOCK_N // self.cfg.box_rows
+
+    def q_partitions(self):
         """The TMA partitions of a request's Q tile (64 rows x dims, content and RoPE):
         ``(smem, gmem)`` pairs, built once per part at trace time."""
+        tma, smem = self.tma, self.smem
         tma_q_nope, g_q_nope = tma.q_nope
         tma_q_rope, g_q_rope = tma.q_rope
         tq = cpasync.tma_partition(
@@ -59,15 +63,16 @@ class Producer:
         return tq, tqr
 
     @cute.jit
-    def load(self, tma: TmaLoads, smem, m_block_table, m_seqlens, q_prod, kv_prod, m_tile, work):
-        """Q and the KV blocks of every request segment of ``work`` (a ``PartWork``), in order,
-        through the one-stage Q pipeline ``q_prod`` and the KV ring's ``kv_prod``."""
+    def load(self, m_block_table: cute.Tensor, q_prod, kv_prod, m_tile: Int32, work: PartWork):
+        """Q and the KV blocks of every request segment of ``work``, in order, through the
+        one-stage Q pipeline's and the KV ring's producer participants ``q_prod``, ``kv_prod``."""
         cfg = self.cfg
+        tma, smem = self.tma, self.smem
         br = cfg.box_rows
         tma_kv, g_kv = tma.kv
         tma_kr, g_kr = tma.kr
         tma_ks, g_ks = tma.ks
-        (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions(tma, smem)
+        (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions()
         # KV boxes of `br` tokens: smem (box, sub, stage), gmem (box, tile in page, page)
         tkv_s, tkv_g = cpasync.tma_partition(
             tma_kv, 0, cute.make_layout(1),
@@ -127,7 +132,7 @@ class Producer:
                     self.tracer.stamp("kv_issued")
 
     @cute.jit
-    def load_sparse(self, tma: TmaLoads, smem, m_indices, kv_pipe, q_prod, m_tile, work, warp):
+    def load_sparse(self, m_indices: cute.Tensor, ring: KVRing, q_prod, m_tile: Int32, work: PartWork, warp: Int32):
         """The sparse decode's producer, the whole warpgroup: gather warp ``warp`` loads tokens
         ``16·warp .. 16·warp + 15`` of every KV block with cp.async, which writes each
         16-byte chunk where the block's Swizzle-128B tile puts it (a one-row TMA box lands
@@ -137,17 +142,18 @@ class Producer:
         list's length, -1, or an id outside the cache reads nothing: zero-filled, so its
         scale is 0, the consumers' mark of a masked key (a written slot's scale is > 0).
         Each thread's copies arrive on the stage's full barrier when they land
-        (``cp.async.mbarrier.arrive.noinc``, 128 arrivals); warp 0 also loads Q by TMA.
+        (``cp.async.mbarrier.arrive.noinc``, 128 arrivals: ``KVRing.full_addr``); warp 0
+        also loads Q by TMA.
         A block's ids are loaded two blocks ahead, so their latency overlaps the stage waits."""
         cfg = self.cfg
+        tma, smem = self.tma, self.smem
         per_warp = L.BLOCK_N // (roles.THREADS_PER_WG // 32)
-        (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions(tma, smem)
+        (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions()
         g_kv = tma.kv[1]  # e4m3 (1, 512, slots): the cache rows, read by cp.async
         g_ks = tma.ks[1]  # fp32 (1, slots)
         lane = cute.arch.lane_idx()
         topk = m_indices.shape[1]
         num_slots = g_ks.shape[1]
-        ring = KVRingProducer(cfg.kv_stages, kv_pipe)
         g = Int32(0)  # the part's KV blocks so far (stage and phase)
         plan = smem.plan
         for r in cutlass.range(work.n_reqs, unroll=1):
@@ -177,12 +183,13 @@ class Producer:
                 # unused; past the list gather_id loads nothing (OOB_PAGE)
                 nxt2 = self.gather_id(m_indices, req, (blk + 2) * L.BLOCK_N + own, seqlen, num_slots, lane < per_warp)
                 stage = ring.wait_free(g)
-                self.gather_block(smem, g_kv, g_ks, slot, stage, warp, lane, per_warp)
+                self.gather_block(g_kv, g_ks, slot, stage, warp, lane, per_warp)
                 ptx.cp_async_arrive_noinc(ring.full_addr(stage))
                 g += 1
 
     @cute.jit
-    def gather_block(self, smem, g_kv, g_ks, slot, stage, warp, lane, per_warp: cutlass.Constexpr):
+    def gather_block(self, g_kv: cute.Tensor, g_ks: cute.Tensor, slot: Int32, stage: Int32, warp: Int32, lane: Int32,
+                     per_warp: cutlass.Constexpr):
         """This warp's tokens of one block into KV stage ``stage``; lane l holds token ``16·warp
         + l``'s slot (``OOB_PAGE``: no token). 8 lanes per token: lane l copies 16-byte column
         ``l % 8`` of token ``16·warp + 4k + l/8``'s five 128-byte lines (4 content, 1 RoPE)
@@ -194,6 +201,7 @@ class Producer:
         their source (zero fill). Against a warp per token row (a shuffle, a multiply-add
         and the copy per 16-byte chunk; 996ee9b's parent): 7% faster at b128 h128
         topk2048, 1-3% at most other rows."""
+        smem = self.smem
         row_bytes = KV_ROW_BYTES
         lane = ptx.launder(lane, stage)
         c = lane % 8
@@ -231,23 +239,3 @@ class Producer:
             if v >= 0 and v < num_slots:
                 slot = v
         return slot
-
-
-@dataclass(frozen=True)
-class KVRingProducer:
-    """The KV ring from a gathering thread's side: block g's stage once it is free, and the
-    stage's full barrier (128 arrivals: one per thread, when its copies land)."""
-
-    stages: int
-    pipe: object
-
-    @cute.jit
-    def wait_free(self, g):
-        S = self.stages
-        index = g % S
-        phase = ((g // S) & 1) ^ 1  # a producer waits the empty barrier's previous phase
-        self.pipe.sync_object_empty.wait(index, phase)
-        return index
-
-    def full_addr(self, index):
-        return self.pipe.sync_object_full.get_barrier(index).toint()

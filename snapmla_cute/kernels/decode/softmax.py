@@ -15,7 +15,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from snapmla_cute.format import FP8_MAX
-from snapmla_cute.kernels import ptx
+from snapmla_cute import ptx
 from snapmla_cute.kernels.decode.config import INV_FP8_MAX, P_TINY
 from snapmla_cute.layouts import smem as L
 

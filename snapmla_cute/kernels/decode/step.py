@@ -64,7 +64,7 @@ class DecodeStepKernel:
         m_kv_scale: cute.Tensor,  # fp32 [pages, page_size]
         m_sched: cute.Tensor,  # int32 [parts, 8]
         m_split_heads: cute.Tensor,  # int32 [b]: the first b of split_offsets' b + 1 entries
-        m_o_partial: cute.Tensor,  # fp32 [splits, R, 512] (a few-split request: f16 and scales, Epilogue.partial_views)
+        m_o_partial: cute.Tensor,  # fp32 [splits, R, 512] (a few-split request: f16 and scales, DecodeOutputs.partial_views)
         m_lse_partial: cute.Tensor,  # fp32 [splits, R]
         m_counters: cute.Tensor,  # int32 [b, 2 * m_tiles], zero between calls
         scale_log2: cutlass.Float32,

@@ -69,7 +69,11 @@ class SmemTensors:
     plan: object
 
     @classmethod
-    def make(cls, storage, cfg, scale_stride: int, n_scale: int, q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl):
+    def make(cls, storage, cfg, scale_stride: int, n_scale: int, layouts):
+        """Views of ``storage`` (a ``shared_storage`` struct) through ``layouts``
+        (``args.SmemLayouts``)."""
+        q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl = (
+            layouts.q_nope, layouts.q_rope, layouts.kv, layouts.kr, layouts.vt, layouts.p)
         q_nope = storage.q_nope.get_tensor(q_nope_sl.outer, swizzle=q_nope_sl.inner)
         q_rope = storage.q_rope.get_tensor(q_rope_sl.outer, swizzle=q_rope_sl.inner)
         kv = storage.kv.get_tensor(kv_sl.outer, swizzle=kv_sl.inner)

@@ -12,6 +12,8 @@ split requests come out wrong; the scripts in ``profiles/experiments`` read them
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
@@ -46,26 +48,35 @@ def trace_words(o_partial, ctas: int, loop: bool = False):
     return flat[n:].view(ctas, TRACE_WORDS)
 
 
+def _rows(cfg, m_o_partial, m_sched, words_from_end: int, words: int):
+    """Int32 (CTAs, words) starting ``CTAs·words_from_end`` words before the end of the fp32
+    partials (a slab of a few heads is smaller than the rows)."""
+    ctas = cfg.m_tiles * m_sched.shape[0]
+    start = m_o_partial.shape[2] * cfg.rows * CONTENT_DIM - ctas * words_from_end
+    return cute.make_tensor(
+        cute.recast_ptr(m_o_partial.iterator + start, dtype=Int32),
+        cute.make_layout((ctas, words), stride=(words, 1)),
+    )
+
+
+@dataclass(frozen=True)
 class Tracer:
-    """One CTA's stamp rows; every method is a no-op (no code) unless its switch is on."""
+    """One CTA's stamp rows (``rows``, ``loop_rows``: None where the switch is off; ``cta``:
+    this CTA's row); every method is a no-op (no code) unless its switch is on. Frozen: the
+    roles call it inside run-time branches."""
 
-    def __init__(self, cfg, m_o_partial, m_sched, m_tile, part):
-        self.cfg = cfg
-        self.rows = self._rows(m_o_partial, m_sched, TRACE_WORDS, TRACE_WORDS) if cfg.trace else None
-        self.loop_rows = (
-            self._rows(m_o_partial, m_sched, TRACE_WORDS + LOOP_WORDS, LOOP_WORDS) if cfg.trace_loop else None
-        )
-        self.cta = part * cfg.m_tiles + m_tile if cfg.trace or cfg.trace_loop else None
+    cfg: object
+    rows: object
+    loop_rows: object
+    cta: object
 
-    def _rows(self, m_o_partial, m_sched, words_from_end: int, words: int):
-        """Int32 (CTAs, words) starting ``CTAs·words_from_end`` words before the end of the
-        fp32 partials (a slab of a few heads is smaller than the rows)."""
-        ctas = self.cfg.m_tiles * m_sched.shape[0]
-        start = m_o_partial.shape[2] * self.cfg.rows * CONTENT_DIM - ctas * words_from_end
-        return cute.make_tensor(
-            cute.recast_ptr(m_o_partial.iterator + start, dtype=Int32),
-            cute.make_layout((ctas, words), stride=(words, 1)),
-        )
+    @classmethod
+    def make(cls, cfg, m_o_partial, m_sched, m_tile, part) -> "Tracer":
+        """The stamp rows at the end of the fp32 partials ``m_o_partial``."""
+        rows = _rows(cfg, m_o_partial, m_sched, TRACE_WORDS, TRACE_WORDS) if cfg.trace else None
+        loop_rows = _rows(cfg, m_o_partial, m_sched, TRACE_WORDS + LOOP_WORDS, LOOP_WORDS) if cfg.trace_loop else None
+        cta = part * cfg.m_tiles + m_tile if cfg.trace or cfg.trace_loop else None
+        return cls(cfg, rows, loop_rows, cta)
 
     @cute.jit
     def stamp(self, event: cutlass.Constexpr, wg=0):

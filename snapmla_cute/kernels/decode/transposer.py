@@ -13,24 +13,36 @@ never reaches the PV GEMM. Without the transposer warpgroup each consumer runs
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32, Uint32
 
+from snapmla_cute import ptx
 from snapmla_cute.format import CONTENT_DIM
-from snapmla_cute.kernels import ptx
-from snapmla_cute.kernels.ptx import ldsm_x4_trans, stsm_x4
+from snapmla_cute.kernels.decode.config import DecodeConfig
+from snapmla_cute.kernels.decode.plan import PartWork
+from snapmla_cute.kernels.decode.trace import Tracer
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.layouts import transpose as T
 from snapmla_cute.pipelines import roles
+from snapmla_cute.pipelines.handshakes import TransposerHandshake
+from snapmla_cute.ptx import ldsm_x4_trans, stsm_x4
 
 
+@dataclass(frozen=True)
 class Transposer:
-    """The transposer role; a mixin of ``DecodeKernel``."""
+    """The transposer role (``transpose_blocks``), and the in-place V transposition itself
+    (``transpose_block``), which the consumers run on their own blocks when the CTA has no
+    transposer warpgroup."""
+
+    cfg: DecodeConfig
+    tracer: Tracer
 
     @cute.jit
-    def transpose_blocks(self, work, kv_addr, handshake, wg_tidx):
+    def transpose_blocks(self, work: PartWork, kv_addr: Int32, handshake: TransposerHandshake, wg_tidx: Int32):
         """Transposer WG: the part's KV blocks in order, each once its owner's QK has read K:
         content → Vᵀ in place, tokens past the sequence zeroed, then ``vt_ready``. One loop
         over the part's block count, so the 40-register budget holds without spills."""

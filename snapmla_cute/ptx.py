@@ -1,6 +1,8 @@
-"""Thin inline-PTX wrappers the DSL does not expose: ldmatrix.trans / stmatrix with explicit
-per-lane shared-memory addresses (32-bit shared window), used by the V transposition, and
-``trap``."""
+"""Thin inline-PTX wrappers the DSL does not expose, at the lowest level: the kernels and
+``pipelines`` both import them (nothing of ours is imported here). ldmatrix.trans /
+stmatrix with explicit per-lane shared-memory addresses (the V transposition), cp.async with
+zero fill and its mbarrier arrival (the sparse gather), distributed shared memory and
+cluster-scope mbarriers (the cluster merge), ``launder`` and ``trap``."""
 
 from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm
