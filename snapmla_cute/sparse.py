@@ -150,11 +150,11 @@ def _sparse_launcher(heads: int, s_q: int, bf16_q: bool, cluster: int = 1):
 
 def _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale):
     if isinstance(q, (tuple, list)):
-        bf16_q, head = False, tuple(q)
-    else:
-        bf16_q, head = True, (q, *metadata.q_args)
+        bf16_q, head, tail = False, tuple(q), ()
+    else:  # the step's trailing (visible, bf16 query): quantized into the metadata's buffers
+        bf16_q, head, tail = True, metadata.q_args, (None, q)
     scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
-    return bf16_q, (*head, indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale)
+    return bf16_q, (*head, indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale, *tail)
 
 
 def mla_decode_sparse(

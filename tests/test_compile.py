@@ -77,12 +77,12 @@ def test_kv_loads_hint_l2_evict_first_where_few_ctas_read_a_block():
     from snapmla_cute.kernels.decode import DecodeConfig
     from snapmla_cute.kernels.decode import compile as dc
     from snapmla_cute.kernels.decode.config import L2_EVICT_FIRST
-    from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig, DecodeSparseStepKernel, DecodeStepConfig
+    from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig, DecodeStepConfig, DecodeStepKernel
 
     dense = {(h, s_q): DecodeConfig(h, s_q, 64, s_q > 1).l2_evict_first for h, s_q in ((64, 1), (128, 1), (64, 2),
                                                                                          (128, 2), (64, 3))}
     assert dense == {(64, 1): True, (128, 1): True, (64, 2): True, (128, 2): False, (64, 3): False}
-    sparse = {s_q: DecodeSparseStepKernel(DecodeSparseStepConfig(DecodeConfig(8, 1, 1, False, sparse=True), s_q))
+    sparse = {s_q: DecodeStepKernel(DecodeSparseStepConfig(DecodeConfig(8, 1, 1, False, sparse=True), s_q))
               .decode.cfg.l2_evict_first for s_q in (1, 2, 8)}
     assert sparse == {1: True, 2: False, 8: False}
     for h, s_q, hinted in ((64, 1, True), (128, 2, False)):

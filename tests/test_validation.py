@@ -76,8 +76,8 @@ def test_every_tuning_change_drops_the_compiled_steps():
 
 def test_step_arguments_one_builder_for_every_path():
     """The hot path and the full path build the compiled step's arguments with one helper:
-    a quantized q as a tuple or a list gives the same call, a bf16 q goes with the
-    metadata's query buffers, and the softmax scale arrives in the log2 domain."""
+    a quantized q as a tuple or a list gives the same call, a bf16 q goes last with the
+    metadata's query buffers in front, and the softmax scale arrives in the log2 domain."""
     import math
     from types import SimpleNamespace
 
@@ -96,8 +96,11 @@ def test_step_arguments_one_builder_for_every_path():
     assert a[1][11] == pytest.approx(576**-0.5 * math.log2(math.e))
     q = torch.zeros(1)
     bf16_q, args = ops._step_args(q, cache, bt, lens, md, out, lse, 0.1)
-    assert bf16_q is True and args[0] is q and args[1:4] == (t[2], t[3], t[4])
-    assert args[-1] == pytest.approx(0.1 * math.log2(math.e))
+    # the bf16 query goes last, after the (absent) visible counts: the step quantizes it
+    # into the metadata's query buffers, which take the quantized query's place
+    assert bf16_q is True and args[:3] == (t[2], t[3], t[4]) and args[3:7] == (bt, lens, out, lse)
+    assert args[-2] is None and args[-1] is q and len(args) == 14
+    assert args[-3] == pytest.approx(0.1 * math.log2(math.e))
 
 
 @pytest.fixture

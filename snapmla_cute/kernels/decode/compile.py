@@ -1,6 +1,7 @@
 """Compile entries of the decode: the kernel on its own views (``decode``, for the compile
-report), and the one-launch step ``mla_decode`` calls, from a quantized or a bf16 query
-(``step``, ``step_q``), each with its fake arguments (symbolic batch, pages and splits;
+report), and the one-launch step (``step.DecodeStepKernel``) that ``mla_decode`` and
+``mla_decode_sparse`` call, from a quantized or a bf16 query (``step``, ``step_q``,
+``sparse``, ``sparse_q``), each with its fake arguments (symbolic batch, pages and splits;
 natural PyTorch strides for the step, so its argument decoder checks every tensor)."""
 
 from __future__ import annotations
@@ -9,15 +10,7 @@ from snapmla_cute import jit_cache
 from snapmla_cute.kernels import fake
 from snapmla_cute.kernels.decode.config import DecodeConfig
 from snapmla_cute.kernels.decode.kernel import DecodeKernel
-from snapmla_cute.kernels.decode.step import (
-    DecodeSparseStepConfig,
-    DecodeSparseStepKernel,
-    DecodeSparseStepQuantKernel,
-    DecodeStepConfig,
-    DecodeStepKernel,
-    DecodeStepQuantKernel,
-    DecodeStepVisibleKernel,
-)
+from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig, DecodeStepConfig, DecodeStepKernel
 
 NAME = "decode"
 STEP_NAME = "decode_step"
@@ -91,21 +84,24 @@ def step_fake_args(config: DecodeStepConfig, n=None):
         t(f32, (splits, R), (R, 1), 4),
         t(i32, (n, 2 * m_tiles), (2 * m_tiles, 1), 4),
         cutlass.Float32(0.0),
-        *((t(i32, (n, s_q), (s_q, 1), 4),) if config.decode.visible else ()),  # the visible step's counts
         fake.stream(),
+        *((t(i32, (n, s_q), (s_q, 1), 4),) if config.decode.visible else ()),  # the visible step's counts
     )
 
 
 def step_q_fake_args(config: DecodeStepConfig):
-    """The step from a bf16 query ``[b, s_q, h, 576]``, quantized into the q buffers first."""
+    """The step from a bf16 query ``[b, s_q, h, 576]`` (last, after no visible counts),
+    quantized into the q buffers first."""
+    n = fake.sym()
+    return (*step_fake_args(config, n), None, _bf16_query(n, config.decode.s_q, config.decode.heads))
+
+
+def _bf16_query(n, s_q: int, h: int):
     import cutlass
 
     from snapmla_cute.format import HEAD_DIM
 
-    n = fake.sym()
-    s_q, h = config.decode.s_q, config.decode.heads
-    q = fake.tensor(cutlass.BFloat16, (n, s_q, h, HEAD_DIM), (s_q * h * HEAD_DIM, h * HEAD_DIM, HEAD_DIM, 1), 16)
-    return (q, *step_fake_args(config, n))
+    return fake.tensor(cutlass.BFloat16, (n, s_q, h, HEAD_DIM), (s_q * h * HEAD_DIM, h * HEAD_DIM, HEAD_DIM, 1), 16)
 
 
 def compile(config: DecodeConfig, *, arch: str | None = None, keep_sass: bool = False):
@@ -115,14 +111,13 @@ def compile(config: DecodeConfig, *, arch: str | None = None, keep_sass: bool = 
 
 def compile_step(config: DecodeStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The step from a quantized query (one launch)."""
-    kernel = DecodeStepVisibleKernel if config.decode.visible else DecodeStepKernel
-    return jit_cache.compile_kernel(STEP_NAME, config, kernel, step_fake_args, arch=arch, keep_sass=keep_sass)
+    return jit_cache.compile_kernel(STEP_NAME, config, DecodeStepKernel, step_fake_args, arch=arch, keep_sass=keep_sass)
 
 
 def compile_step_q(config: DecodeStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The step from a bf16 query (Q-quant launch, then the decode)."""
     return jit_cache.compile_kernel(
-        STEP_Q_NAME, config, DecodeStepQuantKernel, step_q_fake_args, arch=arch, keep_sass=keep_sass
+        STEP_Q_NAME, config, DecodeStepKernel, step_q_fake_args, arch=arch, keep_sass=keep_sass
     )
 
 
@@ -163,26 +158,20 @@ def sparse_fake_args(config: DecodeSparseStepConfig, n=None):
 
 
 def sparse_q_fake_args(config: DecodeSparseStepConfig):
-    """The sparse step from a bf16 query ``[b, s_q, h, 576]``."""
-    import cutlass
-
-    from snapmla_cute.format import HEAD_DIM
-
+    """The sparse step from a bf16 query ``[b, s_q, h, 576]`` (last, after no visible counts)."""
     n = fake.sym()
-    s_q, h = config.s_q, config.decode.heads
-    q = fake.tensor(cutlass.BFloat16, (n, s_q, h, HEAD_DIM), (s_q * h * HEAD_DIM, h * HEAD_DIM, HEAD_DIM, 1), 16)
-    return (q, *sparse_fake_args(config, n))
+    return (*sparse_fake_args(config, n), None, _bf16_query(n, config.s_q, config.decode.heads))
 
 
 def compile_sparse(config: DecodeSparseStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The sparse step from a quantized query (one launch)."""
     return jit_cache.compile_kernel(
-        SPARSE_NAME, config, DecodeSparseStepKernel, sparse_fake_args, arch=arch, keep_sass=keep_sass
+        SPARSE_NAME, config, DecodeStepKernel, sparse_fake_args, arch=arch, keep_sass=keep_sass
     )
 
 
 def compile_sparse_q(config: DecodeSparseStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The sparse step from a bf16 query (Q-quant launch, then the decode)."""
     return jit_cache.compile_kernel(
-        SPARSE_Q_NAME, config, DecodeSparseStepQuantKernel, sparse_q_fake_args, arch=arch, keep_sass=keep_sass
+        SPARSE_Q_NAME, config, DecodeStepKernel, sparse_q_fake_args, arch=arch, keep_sass=keep_sass
     )

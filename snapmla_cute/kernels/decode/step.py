@@ -8,8 +8,11 @@ trace time: a call from Python makes no view objects, and TVM-FFI's argument dec
 C) checks every tensor's dtype, shape, strides, alignment and device, batch sizes tied
 across arguments through one symbolic size.
 
-Argument order groups what changes per call (queries, tables, outputs), then the cache,
-then the metadata buffers, so the Python side can pass the last two as prebuilt tuples.
+One step class serves every call the API makes, with one signature: dense or sparse by
+its config; the optional trailing tensors select a causal shard's visible-key counts
+(``m_visible``, dense) and a bf16 query to quantize first (``m_q``). Argument order groups
+what changes per call (queries, tables, outputs), then the cache, then the metadata
+buffers, so the Python side can pass the last two as prebuilt tuples.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16
+from cutlass import BFloat16, Float32
 
 from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels.decode.config import DecodeConfig
@@ -27,61 +30,94 @@ from snapmla_cute.kernels.quant_q import QuantizeQKernel
 from snapmla_cute.kernels.views import view as _view
 
 
-def quantize_query(quant, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream):
-    """Fused-Q-Quant of the ``n`` (token, head) rows of a bf16 ``m_q`` [.., 576] into the
-    metadata's query buffers (called at trace time from a step's ``__call__``)."""
-    quant(
-        _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
-        _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
-        _view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
-        _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
-        _view(m_q_scale, (n,), (1,)),
-        stream,
-    )
-
-
 @dataclass(frozen=True)
 class DecodeStepConfig:
+    """The dense step: ``decode`` is the kernel's config (``visible``: the step takes a causal
+    shard's visible-key counts)."""
+
     decode: DecodeConfig
 
 
+@dataclass(frozen=True)
+class DecodeSparseStepConfig:
+    """The sparse step: ``decode`` is the kernel's config (``sparse``, one query token per
+    kernel request), ``s_q`` the query tokens per request of the call."""
+
+    decode: DecodeConfig
+    s_q: int
+
+
 class DecodeStepKernel:
-    def __init__(self, cfg: DecodeStepConfig):
+    """One decode step: the Fused-Q-Quant launch when given a bf16 query, then the decode.
+    Dense (``DecodeStepConfig``): paged by ``block_table`` [b, max_pages] with lengths [b].
+    Sparse (``DecodeSparseStepConfig``): each (request, query token) of the call is one
+    kernel request whose "block table" is its index list (slot ids, ``page_size`` 1)."""
+
+    def __init__(self, cfg: DecodeStepConfig | DecodeSparseStepConfig):
         self.cfg = cfg
-        self.decode = DecodeKernel(cfg.decode)
+        self.sparse = isinstance(cfg, DecodeSparseStepConfig)
+        decode = cfg.decode
+        if self.sparse:
+            # a request's query tokens pick overlapping slots (an indexer's top-k of one
+            # context): past one token the gathered rows are kept in L2 for each other (H100,
+            # b64 h8 s_q8: 1.3% slower with the evict-first hint)
+            decode = replace(decode, kv_evict_first=decode.kv_evict_first and cfg.s_q == 1)
+        self.decode = DecodeKernel(decode)
+        self.quant = QuantizeQKernel()
+        # (token, head) rows of a request's query
+        self.q_rows = (cfg.s_q if self.sparse else cfg.decode.s_q) * cfg.decode.heads
 
     @cute.jit
     def __call__(
         self,
-        m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512]
+        m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512] (written first from m_q when given)
         m_q_rope: cute.Tensor,  # bf16 [b, s_q, h, 64]
         m_q_scale: cute.Tensor,  # fp32 [b, s_q, h]
-        m_block_table: cute.Tensor,  # int32 [b, max_pages] (any row stride)
-        m_seqlens: cute.Tensor,  # int32 [b]
+        m_table: cute.Tensor,  # int32: dense [b, max_pages] (any row stride); sparse [b, s_q, topk]
+        m_lengths: cute.Tensor,  # int32 [b]: tokens (dense), list entries that count (sparse)
         m_out: cute.Tensor,  # bf16 [b, s_q, h, 512]
         m_lse: cute.Tensor,  # fp32 [b, h, s_q]
-        m_kv: cute.Tensor,  # uint8 [pages, page_size, 640]
-        m_kv_scale: cute.Tensor,  # fp32 [pages, page_size]
+        m_kv: cute.Tensor,  # uint8: dense [pages, page_size, 640]; sparse [slots, 640]
+        m_kv_scale: cute.Tensor,  # fp32: dense [pages, page_size]; sparse [slots]
         m_sched: cute.Tensor,  # int32 [parts, 8]
-        m_split_heads: cute.Tensor,  # int32 [b]: the first b of split_offsets' b + 1 entries
-        m_o_partial: cute.Tensor,  # fp32 [splits, R, 512] (a few-split request: f16 and scales, DecodeOutputs.partial_views)
+        m_split_heads: cute.Tensor,  # int32: the first b (sparse: b·s_q) of split_offsets' entries
+        m_o_partial: cute.Tensor,  # fp32 [splits, R, 512] (a few-split request: f16 and scales,
+        #                            DecodeOutputs.partial_views)
         m_lse_partial: cute.Tensor,  # fp32 [splits, R]
-        m_counters: cute.Tensor,  # int32 [b, 2 * m_tiles], zero between calls
-        scale_log2: cutlass.Float32,
+        m_counters: cute.Tensor,  # int32 dense [b, 2 * m_tiles], sparse [b, s_q, 2 * m_tiles]; zero between calls
+        scale_log2: Float32,
         stream,
+        m_visible: cute.Tensor = None,  # int32 [b, s_q]: a causal shard's visible keys (dense)
+        m_q: cute.Tensor = None,  # bf16 [b, s_q, h, 576]: quantized into m_q_nope/rope/scale first
     ):
-        # one launch: the decode kernel plans its own part and merges split requests
-        self.decode(
-            *self.decode_views(
-                m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale, m_sched,
-                m_split_heads, m_o_partial, m_lse_partial, m_counters,
-            ),
-            scale_log2, stream,
+        if cutlass.const_expr(m_q is not None):
+            self.quantize_query(m_q, m_q_nope, m_q_rope, m_q_scale, m_q.shape[0] * self.q_rows, stream)
+        tensors = (m_q_nope, m_q_rope, m_q_scale, m_table, m_lengths, m_out, m_lse, m_kv, m_kv_scale, m_sched,
+                   m_split_heads, m_o_partial, m_lse_partial, m_counters)
+        if cutlass.const_expr(self.sparse):
+            self.decode(*self.sparse_views(*tensors), scale_log2, stream)
+        elif cutlass.const_expr(m_visible is not None):
+            s_q = self.cfg.decode.s_q
+            b = m_q_nope.shape[0]
+            self.decode(*self.dense_views(*tensors), scale_log2, stream, _view(m_visible, (s_q, b), (1, s_q)))
+        else:
+            self.decode(*self.dense_views(*tensors), scale_log2, stream)
+
+    def quantize_query(self, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream):
+        """Fused-Q-Quant of the ``n`` (token, head) rows of a bf16 ``m_q`` [.., 576] into the
+        metadata's query buffers."""
+        self.quant(
+            _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
+            _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
+            _view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
+            _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
+            _view(m_q_scale, (n,), (1,)),
+            stream,
         )
 
-    def decode_views(self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
-                     m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters):
-        """The decode kernel's arguments (before ``scale_log2``) as views of the step's
+    def dense_views(self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
+                    m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters):
+        """The decode kernel's arguments (before ``scale_log2``) as views of the dense step's
         tensors: rows (R = s_q·h) first, the batch / page / split index last (traced inline)."""
         R = self.cfg.decode.rows
         ps = self.cfg.decode.page_size
@@ -106,120 +142,10 @@ class DecodeStepKernel:
             m_sched, m_split_offsets, out_d, m_lse, o_part_d, lse_part_d, m_counters,
         )
 
-
-class DecodeStepVisibleKernel(DecodeStepKernel):
-    """The step with ``DecodeConfig.visible``: causal by the visible-key counts ``m_visible``
-    int32 ``[b, s_q]`` (a context-parallel shard), from a quantized query."""
-
-    @cute.jit
-    def __call__(
-        self,
-        m_q_nope: cute.Tensor,
-        m_q_rope: cute.Tensor,
-        m_q_scale: cute.Tensor,
-        m_block_table: cute.Tensor,
-        m_seqlens: cute.Tensor,
-        m_out: cute.Tensor,
-        m_lse: cute.Tensor,
-        m_kv: cute.Tensor,
-        m_kv_scale: cute.Tensor,
-        m_sched: cute.Tensor,
-        m_split_heads: cute.Tensor,
-        m_o_partial: cute.Tensor,
-        m_lse_partial: cute.Tensor,
-        m_counters: cute.Tensor,
-        scale_log2: cutlass.Float32,
-        m_visible: cute.Tensor,  # int32 [b, s_q]
-        stream,
-    ):
-        s_q = self.cfg.decode.s_q
-        b = m_q_nope.shape[0]
-        self.decode(
-            *self.decode_views(
-                m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale, m_sched,
-                m_split_heads, m_o_partial, m_lse_partial, m_counters,
-            ),
-            scale_log2, stream, _view(m_visible, (s_q, b), (1, s_q)),
-        )
-
-
-class DecodeStepQuantKernel(DecodeStepKernel):
-    """The step from a bf16 query: Fused-Q-Quant into the metadata's query buffers first
-    (a second launch in the same host function), then the step."""
-
-    def __init__(self, cfg: DecodeStepConfig):
-        super().__init__(cfg)
-        self.quant = QuantizeQKernel()
-
-    @cute.jit
-    def __call__(
-        self,
-        m_q: cute.Tensor,  # bf16 [b, s_q, h, 576]
-        m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512], written here
-        m_q_rope: cute.Tensor,
-        m_q_scale: cute.Tensor,
-        m_block_table: cute.Tensor,
-        m_seqlens: cute.Tensor,
-        m_out: cute.Tensor,
-        m_lse: cute.Tensor,
-        m_kv: cute.Tensor,
-        m_kv_scale: cute.Tensor,
-        m_sched: cute.Tensor,
-        m_split_heads: cute.Tensor,
-        m_o_partial: cute.Tensor,
-        m_lse_partial: cute.Tensor,
-        m_counters: cute.Tensor,
-        scale_log2: cutlass.Float32,
-        stream,
-    ):
-        n = m_q.shape[0] * self.cfg.decode.rows  # (token, head) rows
-        quantize_query(self.quant, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream)
-        DecodeStepKernel.__call__(
-            self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
-            m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
-        )
-
-
-@dataclass(frozen=True)
-class DecodeSparseStepConfig:
-    """The sparse step: ``decode`` is the kernel's config (``sparse``, one query token per
-    kernel request), ``s_q`` the query tokens per request of the call."""
-
-    decode: DecodeConfig
-    s_q: int
-
-
-class DecodeSparseStepKernel:
-    """One sparse decode step, one launch: each (request, query token) of the call is one
-    kernel request whose "block table" is its index list (slot ids, ``page_size`` 1)."""
-
-    def __init__(self, cfg: DecodeSparseStepConfig):
-        self.cfg = cfg
-        # a request's query tokens pick overlapping slots (an indexer's top-k of one
-        # context): past one token the gathered rows are kept in L2 for each other (H100,
-        # b64 h8 s_q8: 1.3% slower with the evict-first hint)
-        self.decode = DecodeKernel(replace(cfg.decode, kv_evict_first=cfg.decode.kv_evict_first and cfg.s_q == 1))
-
-    @cute.jit
-    def __call__(
-        self,
-        m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512]
-        m_q_rope: cute.Tensor,  # bf16 [b, s_q, h, 64]
-        m_q_scale: cute.Tensor,  # fp32 [b, s_q, h]
-        m_indices: cute.Tensor,  # int32 [b, s_q, topk]
-        m_lengths: cute.Tensor,  # int32 [b]: list entries that count per request
-        m_out: cute.Tensor,  # bf16 [b, s_q, h, 512]
-        m_lse: cute.Tensor,  # fp32 [b, h, s_q]
-        m_kv: cute.Tensor,  # uint8 [slots, 640]
-        m_kv_scale: cute.Tensor,  # fp32 [slots]
-        m_sched: cute.Tensor,  # int32 [parts, 8]
-        m_split_heads: cute.Tensor,  # int32 [b, s_q]: the first b·s_q of split_offsets' b·s_q + 1
-        m_o_partial: cute.Tensor,  # fp32 [splits, h, 512]
-        m_lse_partial: cute.Tensor,  # fp32 [splits, h]
-        m_counters: cute.Tensor,  # int32 [b, s_q, 2 * m_tiles], zero between calls
-        scale_log2: cutlass.Float32,
-        stream,
-    ):
+    def sparse_views(self, m_q_nope, m_q_rope, m_q_scale, m_indices, m_lengths, m_out, m_lse, m_kv, m_kv_scale,
+                     m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters):
+        """The same for the sparse step: kernel request k = i·s_q + t is query token t of
+        request i, its index list the table row."""
         h = self.cfg.decode.heads
         s_q = self.cfg.s_q
         b = m_q_nope.shape[0]
@@ -244,44 +170,7 @@ class DecodeSparseStepKernel:
         lse_part_d = _view(m_lse_partial, (h, splits), (1, h))
         m_split_offsets = _view(m_split_heads, (n + 1,), (1,))
         counters = _view(m_counters, (n, 2 * m_tiles), (2 * m_tiles, 1))
-        self.decode(
+        return (
             q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, table, lengths,
-            m_sched, m_split_offsets, out_d, lse_d, o_part_d, lse_part_d, counters, scale_log2, stream,
-        )
-
-
-class DecodeSparseStepQuantKernel(DecodeSparseStepKernel):
-    """The sparse step from a bf16 query: Fused-Q-Quant into the metadata's query buffers
-    first, then the step."""
-
-    def __init__(self, cfg: DecodeSparseStepConfig):
-        super().__init__(cfg)
-        self.quant = QuantizeQKernel()
-
-    @cute.jit
-    def __call__(
-        self,
-        m_q: cute.Tensor,  # bf16 [b, s_q, h, 576]
-        m_q_nope: cute.Tensor,
-        m_q_rope: cute.Tensor,
-        m_q_scale: cute.Tensor,
-        m_indices: cute.Tensor,
-        m_lengths: cute.Tensor,
-        m_out: cute.Tensor,
-        m_lse: cute.Tensor,
-        m_kv: cute.Tensor,
-        m_kv_scale: cute.Tensor,
-        m_sched: cute.Tensor,
-        m_split_heads: cute.Tensor,
-        m_o_partial: cute.Tensor,
-        m_lse_partial: cute.Tensor,
-        m_counters: cute.Tensor,
-        scale_log2: cutlass.Float32,
-        stream,
-    ):
-        n = m_q.shape[0] * self.cfg.s_q * self.cfg.decode.heads  # (token, head) rows
-        quantize_query(self.quant, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream)
-        DecodeSparseStepKernel.__call__(
-            self, m_q_nope, m_q_rope, m_q_scale, m_indices, m_lengths, m_out, m_lse, m_kv, m_kv_scale,
-            m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters, scale_log2, stream,
+            m_sched, m_split_offsets, out_d, lse_d, o_part_d, lse_part_d, counters,
         )
