@@ -677,12 +677,12 @@ def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     into the metadata's query buffers. Every tensor goes in its own layout: the step builds
     its views."""
     if isinstance(q, (tuple, list)):
-        bf16_q, head, tail = False, tuple(q), ()
-    else:  # the step's trailing (visible, bf16 query): quantized into the metadata's buffers
-        bf16_q, head, tail = True, metadata.q_args, (None, q)
+        bf16_q, head, q_bf16 = False, tuple(q), None
+    else:  # a bf16 query goes last: the step quantizes it into the metadata's buffers
+        bf16_q, head, q_bf16 = True, metadata.q_args, q
     scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
-    args = (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale)
-    return bf16_q, (*args, *tail) if visible is None else (*args, visible)
+    return bf16_q, (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale,
+                    visible, q_bf16)
 
 
 def _launch_cluster(metadata, visible) -> int:

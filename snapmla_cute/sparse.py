@@ -150,11 +150,12 @@ def _sparse_launcher(heads: int, s_q: int, bf16_q: bool, cluster: int = 1):
 
 def _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale):
     if isinstance(q, (tuple, list)):
-        bf16_q, head, tail = False, tuple(q), ()
-    else:  # the step's trailing (visible, bf16 query): quantized into the metadata's buffers
-        bf16_q, head, tail = True, metadata.q_args, (None, q)
+        bf16_q, head, q_bf16 = False, tuple(q), None
+    else:  # a bf16 query goes last: the step quantizes it into the metadata's buffers
+        bf16_q, head, q_bf16 = True, metadata.q_args, q
     scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
-    return bf16_q, (*head, indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale, *tail)
+    # the step's optional visible counts (dense only) and bf16 query
+    return bf16_q, (*head, indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale, None, q_bf16)
 
 
 def mla_decode_sparse(

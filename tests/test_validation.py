@@ -90,10 +90,13 @@ def test_step_arguments_one_builder_for_every_path():
     bt, lens, out, lse = (torch.zeros(1) for _ in range(4))
     a = ops._step_args(qq, cache, bt, lens, md, out, lse, None)
     b = ops._step_args(list(qq), cache, bt, lens, md, out, lse, None)
-    assert a[0] is False and b[0] is False and len(a[1]) == len(b[1]) == 12
+    assert a[0] is False and b[0] is False and len(a[1]) == len(b[1]) == 14
     assert all(x is y for x, y in zip(a[1], b[1]))
     assert a[1][:7] == (*qq, bt, lens, out, lse) and a[1][7:11] == (t[0], t[1], t[5], t[6])
     assert a[1][11] == pytest.approx(576**-0.5 * math.log2(math.e))
+    assert a[1][12:] == (None, None)  # no visible counts, no bf16 query
+    vis = torch.zeros(1)
+    assert ops._step_args(qq, cache, bt, lens, md, out, lse, None, vis)[1][12:] == (vis, None)
     q = torch.zeros(1)
     bf16_q, args = ops._step_args(q, cache, bt, lens, md, out, lse, 0.1)
     # the bf16 query goes last, after the (absent) visible counts: the step quantizes it

@@ -52,10 +52,11 @@ def fake_args(config: DecodeConfig, n=None):
     )
 
 
-def step_fake_args(config: DecodeStepConfig, n=None):
+def step_fake_args(config: DecodeStepConfig, n=None, q=None):
     """The step's arguments in their natural (contiguous PyTorch) layouts; one symbolic batch
     size ties q, the table, the lengths and the outputs together, so TVM-FFI rejects a
-    mismatch before launch."""
+    mismatch before launch. The two optional tensors are always passed (None where absent):
+    the compiled call then takes every parameter, as the API passes them."""
     import cutlass
 
     from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
@@ -85,15 +86,16 @@ def step_fake_args(config: DecodeStepConfig, n=None):
         t(i32, (n, 2 * m_tiles), (2 * m_tiles, 1), 4),
         cutlass.Float32(0.0),
         fake.stream(),
-        *((t(i32, (n, s_q), (s_q, 1), 4),) if config.decode.visible else ()),  # the visible step's counts
+        t(i32, (n, s_q), (s_q, 1), 4) if config.decode.visible else None,  # the visible step's counts
+        q,
     )
 
 
 def step_q_fake_args(config: DecodeStepConfig):
-    """The step from a bf16 query ``[b, s_q, h, 576]`` (last, after no visible counts),
-    quantized into the q buffers first."""
+    """The step from a bf16 query ``[b, s_q, h, 576]`` (the last argument), quantized into
+    the q buffers first."""
     n = fake.sym()
-    return (*step_fake_args(config, n), None, _bf16_query(n, config.decode.s_q, config.decode.heads))
+    return step_fake_args(config, n, _bf16_query(n, config.decode.s_q, config.decode.heads))
 
 
 def _bf16_query(n, s_q: int, h: int):
@@ -121,7 +123,7 @@ def compile_step_q(config: DecodeStepConfig, *, arch: str | None = None, keep_sa
     )
 
 
-def sparse_fake_args(config: DecodeSparseStepConfig, n=None):
+def sparse_fake_args(config: DecodeSparseStepConfig, n=None, q=None):
     """The sparse step's arguments (natural PyTorch layouts): the batch ties q, the index
     lists, the lengths, the outputs and the metadata's per-request buffers; the cache as
     slots ``[S, 640]`` and ``[S]`` (any page size)."""
@@ -154,13 +156,15 @@ def sparse_fake_args(config: DecodeSparseStepConfig, n=None):
         t(i32, (n, s_q, 2 * m_tiles), (s_q * 2 * m_tiles, 2 * m_tiles, 1), 4),
         cutlass.Float32(0.0),
         fake.stream(),
+        None,  # no visible counts
+        q,
     )
 
 
 def sparse_q_fake_args(config: DecodeSparseStepConfig):
-    """The sparse step from a bf16 query ``[b, s_q, h, 576]`` (last, after no visible counts)."""
+    """The sparse step from a bf16 query ``[b, s_q, h, 576]`` (the last argument)."""
     n = fake.sym()
-    return (*sparse_fake_args(config, n), None, _bf16_query(n, config.s_q, config.decode.heads))
+    return sparse_fake_args(config, n, _bf16_query(n, config.s_q, config.decode.heads))
 
 
 def compile_sparse(config: DecodeSparseStepConfig, *, arch: str | None = None, keep_sass: bool = False):
