@@ -273,7 +273,7 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
         us_e2e = time_us(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         host = host_us_per_call(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         host_bf16 = host_us_per_call(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
-        from snapmla_cute.ops import _step_call
+        from snapmla_cute.decode import _step_call
 
         step, step_args = _step_call(qq, cache, block_table, seqlens, md, out, lse, None, causal)
         launch = host_us_per_call(lambda: step(*step_args))

@@ -64,7 +64,7 @@ def test_parts_are_balanced():
 
 
 def test_default_parts_avoid_splitting_equal_batches():
-    from snapmla_cute.ops import default_num_parts
+    from snapmla_cute.planning import default_num_parts
 
     assert default_num_parts(128, 2, 132) == 64  # 2 requests per part, unsplit, 128 of 132 SMs
     assert default_num_parts(128, 4, 132) == 32
@@ -172,7 +172,7 @@ MEASURED = [
 def test_whole_request_rule_picks_the_faster_plan(b, length, heads, sparse, parts, whole_us, split_us):
     """The rule's constants against the H100's measurements: equal lengths, the plan with
     the lower time (the rows within 1% either way are left out of this table)."""
-    from snapmla_cute.ops import plan_config
+    from snapmla_cute.planning import plan_config
 
     sched, offsets = schedule_reference([length] * b, parts, plan_config(1, heads, sparse=sparse))
     assert (offsets[-1] == b) == (whole_us < split_us), (offsets[-1], whole_us, split_us)
@@ -194,20 +194,21 @@ def test_whole_plan_is_part_p_request_p(cfg):
 
 
 def test_plan_config_of_the_decode_shapes():
-    from snapmla_cute import ops
     from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.planning import plan_config
+    from snapmla_cute.tuning import DECODE_TUNING
 
-    assert ops.plan_config(1, 64) == SchedulerConfig(split_units=6, stream_parts=105)
-    assert ops.plan_config(1, 128) == SchedulerConfig(split_units=6, stream_parts=105)
-    assert ops.plan_config(1, 16) == SchedulerConfig(split_units=2, stream_parts=105)
-    assert ops.plan_config(2, 8) == SchedulerConfig(split_units=2, stream_parts=105)
-    assert ops.plan_config(1, 8, sparse=True) == SchedulerConfig(split_units=1, stream_parts=0)
+    assert plan_config(1, 64) == SchedulerConfig(split_units=6, stream_parts=105)
+    assert plan_config(1, 128) == SchedulerConfig(split_units=6, stream_parts=105)
+    assert plan_config(1, 16) == SchedulerConfig(split_units=2, stream_parts=105)
+    assert plan_config(2, 8) == SchedulerConfig(split_units=2, stream_parts=105)
+    assert plan_config(1, 8, sparse=True) == SchedulerConfig(split_units=1, stream_parts=0)
     assert DecodeConfig(heads=64, s_q=1, page_size=64, causal=False, whole_plans=False).scheduler == SchedulerConfig()
-    ops.DECODE_TUNING.update(whole_plans=False)
+    DECODE_TUNING.update(whole_plans=False)
     try:
-        assert ops.plan_config(1, 64) == SchedulerConfig()
+        assert plan_config(1, 64) == SchedulerConfig()
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
@@ -234,7 +235,7 @@ def test_cluster_plan_gives_cluster_c_request_c(k):
 def test_default_cluster():
     """Clusters of two where the rule takes the cluster plan at the metadata's lengths, on
     devices whose wave of pairs was measured to fit (132 SMs), with an even part count."""
-    from snapmla_cute.ops import default_cluster, plan_config
+    from snapmla_cute.planning import default_cluster, plan_config
 
     h64, h128 = plan_config(1, 64, cluster=2), plan_config(1, 128, cluster=2)
     assert default_cluster([2048] * 64, 132, h64) == 2  # b64 h64 s_k2048: 54.8 -> 44.9 µs
@@ -262,7 +263,7 @@ MEASURED_CLUSTER = [
 @pytest.mark.parametrize("b, length, heads, sparse, parts, cluster_us, other_us", MEASURED_CLUSTER)
 def test_cluster_rule_picks_the_faster_plan(b, length, heads, sparse, parts, cluster_us, other_us):
     from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of
-    from snapmla_cute.ops import plan_config
+    from snapmla_cute.planning import plan_config
 
     plan = plan_of([length] * b, parts, plan_config(1, heads, sparse=sparse, cluster=2))
     assert (plan == PLAN_CLUSTER) == (cluster_us < other_us), plan

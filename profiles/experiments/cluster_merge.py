@@ -16,7 +16,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 from decode_cases import build_case, references  # noqa: E402
 
-from snapmla_cute import decode_metadata, mla_decode, ops  # noqa: E402
+from snapmla_cute import decode_metadata, mla_decode  # noqa: E402
+from snapmla_cute import planning as ops  # noqa: E402  its DECODE_TUNING is tuning.DECODE_TUNING
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.bench import time_us  # noqa: E402
 from snapmla_cute.kernels.decode_scheduler import schedule_reference  # noqa: E402

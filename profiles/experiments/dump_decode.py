@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, "tests")
 from decode_cases import build_case  # noqa: E402
 
-import snapmla_cute.ops as ops  # noqa: E402
+import snapmla_cute.tuning as ops  # noqa: E402
 from snapmla_cute import decode_metadata, mla_decode, quantize_q  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.bench import time_us  # noqa: E402
