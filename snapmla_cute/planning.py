@@ -3,7 +3,9 @@
 cluster, the scheduler's constants of a shape: ``plan_config``), and the supported shapes.
 
 The plan itself is computed on the device (``kernels.decode_scheduler``, and inside the
-decode kernel at every call), so a captured CUDA graph replays with new lengths.
+decode kernel at every call), so a captured CUDA graph replays with new lengths. The same
+plan in plain Python (``schedule_reference``, ``plan_of``) is what tests hold the kernels
+to and what ``default_cluster`` reads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ from snapmla_cute.checks import check_plan_buffers as _check_plan_buffers
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels import decode_scheduler as _scheduler
+from snapmla_cute.kernels.decode_scheduler import (
+    CLUSTER_FIXED_UNITS,
+    MAX_BATCH,
+    MAX_SEQLEN,
+    PLAN_CLUSTER,
+    PLAN_SPLIT,
+    PLAN_WHOLE,
+    SPLIT_FIXED_UNITS,
+    SchedulerConfig,
+)
 from snapmla_cute.tuning import DECODE_TUNING, _launcher
 
 HEADS = (8, 16, 32, 64, 128)  # 8: 128 heads at TP16, 64 at TP8
@@ -60,7 +72,7 @@ class DecodeMetadata:
         rows = s_q * heads
         batch = split_offsets.shape[0] - 1 if isinstance(split_offsets, torch.Tensor) and split_offsets.dim() == 1 else -1
         _check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, lists=batch, rows=rows,
-                            counters_shape=(batch, 2 * ((rows + 63) // 64)), max_lists=_scheduler.MAX_BATCH,
+                            counters_shape=(batch, 2 * ((rows + 63) // 64)), max_lists=MAX_BATCH,
                             max_parts=_merge_max_splits())
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.num_parts = batch, s_q, heads, sched.shape[0]
@@ -94,10 +106,10 @@ def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def plan_config(s_q: int, heads: int, *, sparse: bool = False, cluster: int = 1) -> "_scheduler.SchedulerConfig":
+def plan_config(s_q: int, heads: int, *, sparse: bool = False, cluster: int = 1) -> SchedulerConfig:
     """The split-KV plan's constants of a decode shape (``DecodeConfig.scheduler`` under
     ``DECODE_TUNING``; ``cluster``: the launch's parts per cluster, ``metadata.cluster``):
-    ``decode_scheduler.schedule_reference(lengths, parts, plan_config(...))`` is the plan the
+    ``schedule_reference(lengths, parts, plan_config(...))`` is the plan the
     decode kernel runs."""
     from snapmla_cute.kernels.decode.config import DecodeConfig
 
@@ -139,9 +151,9 @@ def decode_metadata(
         raise ValueError(f"s_q: expected an int in [1, {MAX_S_Q}], got {s_q!r}")
     if heads not in HEADS:
         raise ValueError(f"heads: expected one of {HEADS}, got {heads!r}")
-    if not 1 <= cache_seqlens.shape[0] <= _scheduler.MAX_BATCH:
+    if not 1 <= cache_seqlens.shape[0] <= MAX_BATCH:
         raise ValueError(
-            f"cache_seqlens: expected a batch of 1..{_scheduler.MAX_BATCH} requests, got {cache_seqlens.shape[0]}"
+            f"cache_seqlens: expected a batch of 1..{MAX_BATCH} requests, got {cache_seqlens.shape[0]}"
         )
     _check_cuda(cache_seqlens=cache_seqlens)
     m_tiles = (s_q * heads + 63) // 64
@@ -180,7 +192,7 @@ def default_cluster(lengths, num_parts: int, cfg, num_sms: int = 132) -> int:
     wave at 128 parts (``profiles/NOTES.md``)."""
     if num_parts % 2 or "cluster" in DECODE_TUNING or num_sms not in CLUSTER_SM_COUNTS:
         return 1
-    return 2 if _scheduler.plan_of(lengths, num_parts, cfg) == _scheduler.PLAN_CLUSTER else 1
+    return 2 if plan_of(lengths, num_parts, cfg) == PLAN_CLUSTER else 1
 
 
 def _check_cluster_parts(metadata) -> None:
@@ -190,3 +202,77 @@ def _check_cluster_parts(metadata) -> None:
     if metadata.num_parts % k:
         raise ValueError(f"metadata: {metadata.num_parts} parts do not divide into clusters of {k}")
 
+
+# --------------------------------------------------------------------------------------------
+# The scheduler's plan on the host (``kernels.decode_scheduler`` computes it on the device)
+# --------------------------------------------------------------------------------------------
+
+
+def clamp_len_host(seqlen) -> int:
+    """``decode_scheduler.clamp_len`` on the host (a DSL function does not run on Python ints)."""
+    return min(max(int(seqlen), 0), MAX_SEQLEN)
+
+
+def whole_requests_host(total: int, c_max: int, batch: int, num_parts: int, split_units: int, stream_parts: int,
+                        cluster: int = 1, ov: int = 5) -> int:
+    """``decode_scheduler.DecodeSchedulerKernel.whole_requests`` on the host: ``PLAN_SPLIT``,
+    ``PLAN_WHOLE`` or ``PLAN_CLUSTER``."""
+    if split_units <= 0 or batch > num_parts:
+        return PLAN_SPLIT
+    s = min(num_parts, stream_parts) if stream_parts > 0 else num_parts
+    w = max(-(-total // num_parts), 1)
+    n_s = batch + -(-total // w) - 1
+    t_split = max(w, -(-(total + n_s * split_units) // s)) + SPLIT_FIXED_UNITS
+    t_whole = max(c_max, -(-total // s))
+    res, best = (PLAN_WHOLE, t_whole) if t_whole <= t_split else (PLAN_SPLIT, t_split)
+    if cluster > 1 and batch * cluster <= num_parts:
+        t_cl = max(-(-(c_max - ov) // cluster) + ov, -(-total // s))
+        if t_cl + CLUSTER_FIXED_UNITS <= best:
+            res = PLAN_CLUSTER
+    return res
+
+
+def plan_of(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()) -> int:
+    """The plan the rule takes for these lengths (``PLAN_SPLIT``, ``PLAN_WHOLE`` or
+    ``PLAN_CLUSTER``), as the kernel computes it: clamped lengths, blocks plus overhead."""
+    ov = cfg.fixed_overhead_blocks
+    units = [(clamp_len_host(x) + cfg.block_n - 1) // cfg.block_n + ov for x in cache_seqlens]
+    return whole_requests_host(sum(units), max(units, default=0), len(units), num_parts, cfg.split_units,
+                               cfg.stream_parts, cfg.cluster, ov)
+
+
+def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):
+    """The same plan in plain Python: ``(sched rows, split_offsets)``, for tests and planning."""
+    lens = [clamp_len_host(x) for x in cache_seqlens]
+    ov = cfg.fixed_overhead_blocks
+    n_blocks = [(L + cfg.block_n - 1) // cfg.block_n for L in lens]
+    pre = [0]
+    for n in n_blocks:
+        pre.append(pre[-1] + n + ov)
+    total = pre[-1]
+    width = max((total + num_parts - 1) // num_parts, 1)
+    plan = plan_of(lens, num_parts, cfg)
+    if plan != PLAN_SPLIT:
+        k = cfg.cluster if plan == PLAN_CLUSTER else 1
+        rows = [[r, q * n_blocks[r] // k, r, (q + 1) * n_blocks[r] // k, 0, 0, 0, 0]
+                for r in range(len(lens)) for q in range(k)]
+        rows += [[len(lens), 0, 0, 0, 0, 0, 0, 0]] * (num_parts - len(rows))
+        return rows[:num_parts], list(range(len(lens) + 1))
+    offsets = [0]
+    for r, n in enumerate(n_blocks):
+        first = pre[r] + ov
+        offsets.append(offsets[-1] + ((pre[r + 1] - 1) // width - first // width + 1 if n else 1))
+    sched = []
+    for p in range(num_parts):
+        u0, u1 = p * width, min(p * width + width, total)
+        if u0 >= total:
+            sched.append([len(lens), 0, 0, 0, 0, 0, 0, 0])
+            continue
+        b = max(r for r in range(len(lens)) if pre[r] <= u0)
+        first = pre[b] + ov
+        split = p - first // width if (n_blocks[b] and u0 > first) else 0
+        keys = [pre[r] + ov - (1 if n_blocks[r] == 0 else 0) for r in range(len(lens))]
+        e = max((r for r in range(len(lens)) if keys[r] < u1), default=-1)
+        e_blk = min(n_blocks[e], u1 - pre[e] - ov) if e >= 0 else 0
+        sched.append([b, max(u0 - first, 0), e, e_blk, split, 0, 0, 0])
+    return sched, offsets

@@ -10,7 +10,7 @@ from decode_cases import build_case  # noqa: E402
 from snapmla_cute import decode_metadata, mla_decode  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.kernels.decode import DecodeConfig  # noqa: E402
-from snapmla_cute.kernels.decode_scheduler import schedule_reference  # noqa: E402
+from snapmla_cute.planning import schedule_reference  # noqa: E402
 
 for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
     c = build_case(2, 1, 128, 64, [L, L], seed=5)

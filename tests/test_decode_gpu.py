@@ -268,8 +268,7 @@ def test_unchecked_lengths_are_clamped(seed):
     """check=False passes lengths as they come: a negative one is an empty request (zeros,
     -inf) and plans as 0, so no split row lands past the fp32 partials (rows after them,
     poisoned, stay as they were); the other requests are unchanged."""
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
-    from snapmla_cute.planning import DecodeMetadata, plan_config
+    from snapmla_cute.planning import DecodeMetadata, plan_config, schedule_reference
 
     lens = [6400, 6400, 6400]
     c = build_case(3, 1, 64, 64, lens, seed=seed)
@@ -319,7 +318,8 @@ def test_device_scheduler_matches_reference(parts, units, stream):
     """The standalone scheduler (``DecodeMetadata.update``) against the reference, with the
     whole-request rule off and at two shapes' constants (short batches to reach it)."""
     from snapmla_cute.kernels import decode_scheduler
-    from snapmla_cute.kernels.decode_scheduler import SchedulerConfig, schedule_reference
+    from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
+    from snapmla_cute.planning import schedule_reference
     from snapmla_cute.tuning import _launcher
 
     rng = random.Random(parts)
@@ -351,8 +351,7 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
     """The decode kernel plans its own part (the plan it ran is written back to the
     metadata and must be the reference plan) and merges split requests itself (splits
     0..n-2 each merge a share of the rows), from 2 to ~100 splits per request."""
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
-    from snapmla_cute.planning import plan_config
+    from snapmla_cute.planning import plan_config, schedule_reference
 
     rng = random.Random(seed * 1000 + parts)
     lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 3000), rng.randint(0, 9000)]) for _ in range(12)]
@@ -379,8 +378,7 @@ def test_whole_request_plan(seed, b, h, parts):
     takes request p whole (the one-warp plan at b <= 32, the CTA-wide one past it), empty
     and one-token requests among them; the plan the kernel ran is the reference's and the
     outputs match the emulation, then again with the split-everywhere plan."""
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
-    from snapmla_cute.planning import plan_config
+    from snapmla_cute.planning import plan_config, schedule_reference
     from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed * 31 + b)
@@ -417,8 +415,8 @@ def test_cluster_plan(seed, b, h, k, parts):
     distributed shared memory. Empty, one-token and varied requests (portions with no
     blocks among them), three calls with poisoned outputs; the plan the kernel ran is the
     reference's, the outputs match the emulation and float64, the counters stay zero."""
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of, schedule_reference
-    from snapmla_cute.planning import plan_config
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
+    from snapmla_cute.planning import plan_config, plan_of, schedule_reference
     from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed * 17 + b)
@@ -555,8 +553,7 @@ def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
     """Batches of at most 32 requests plan with one warp's shuffle scans, larger ones with
     the CTA-wide scans (``plan.Planner.plan``): both sides of the limit give the
     reference plan, split requests included, and the emulation's output."""
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
-    from snapmla_cute.planning import plan_config
+    from snapmla_cute.planning import plan_config, schedule_reference
 
     rng = random.Random(seed * 7 + batch)
     lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 700)]) for _ in range(batch - 1)] + [3000]

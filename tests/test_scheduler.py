@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from snapmla_cute.kernels.decode_scheduler import SchedulerConfig, schedule_reference
+from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
+from snapmla_cute.planning import schedule_reference
 
 
 # the plan's constants: the split-everywhere plan, and the decode's at 64 and at 8 rows
@@ -215,7 +216,8 @@ def test_plan_config_of_the_decode_shapes():
 def test_cluster_plan_gives_cluster_c_request_c(k):
     """The cluster plan: parts kc..kc+k-1 take request c's blocks in k near-equal portions
     (some empty for a request shorter than k blocks), one split per request, parts past k·b idle."""
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
+    from snapmla_cute.planning import plan_of
 
     cfg = SchedulerConfig(split_units=6, stream_parts=105, cluster=k)
     lens = [0, 1, 130] + [2000 + 5 * r for r in range(100 // k - 3)]
@@ -262,8 +264,8 @@ MEASURED_CLUSTER = [
 
 @pytest.mark.parametrize("b, length, heads, sparse, parts, cluster_us, other_us", MEASURED_CLUSTER)
 def test_cluster_rule_picks_the_faster_plan(b, length, heads, sparse, parts, cluster_us, other_us):
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of
-    from snapmla_cute.planning import plan_config
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
+    from snapmla_cute.planning import plan_config, plan_of
 
     plan = plan_of([length] * b, parts, plan_config(1, heads, sparse=sparse, cluster=2))
     assert (plan == PLAN_CLUSTER) == (cluster_us < other_us), plan
