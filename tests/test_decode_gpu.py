@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from decode_cases import build_case, host_syncs, references
-from snapmla_cute import decode_metadata, mla_decode, quantize_q
+from snapmla_cute import decode_metadata, emulation, mla_decode, quantize_q
 from snapmla_cute.kernels.decode import DecodeConfig
 from snapmla_cute import reference as ref
+from snapmla_cute.tensor_core import tensor_core_mma
 
 pytestmark = pytest.mark.gpu
 
@@ -208,7 +209,7 @@ def test_metadata_reused_with_new_lengths(seed):
     for new in ([3000, 5, 0, 2999], [1, 2, 3, 4], [3000, 3000, 3000, 3000]):
         lens = torch.tensor(new, dtype=torch.int32, device="cuda")
         out, lse = mla_decode(c["q"], c["cache"], c["block_table"], lens, metadata=md)
-        want = ref.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], lens)
+        want = emulation.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], lens)
         assert ref.rel_l2(out.float(), want[0].bfloat16().float()) <= EMU_REL
         assert ref.lse_max_abs(lse, want[1]) <= EMU_LSE
 
@@ -644,6 +645,6 @@ def test_emulation_is_the_same_on_gpu_and_cpu(seed):
     b = ref.to_e4m3(torch.randn(256, 512, generator=gen) * 2.0 ** torch.randint(-6, 7, (256, 1), generator=gen)).float()
     ar = torch.randn(64, 64, generator=gen).bfloat16().float()
     br = (torch.randn(256, 64, generator=gen) * 100).bfloat16().float()
-    cpu = ref.tensor_core_mma(ar, br, ref.tensor_core_mma(a, b), kind="bf16")
-    gpu = ref.tensor_core_mma(ar.cuda(), br.cuda(), ref.tensor_core_mma(a.cuda(), b.cuda()), kind="bf16")
+    cpu = tensor_core_mma(ar, br, tensor_core_mma(a, b), kind="bf16")
+    gpu = tensor_core_mma(ar.cuda(), br.cuda(), tensor_core_mma(a.cuda(), b.cuda()), kind="bf16")
     assert torch.equal(gpu.cpu(), cpu)

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from snapmla_cute import FP8KVCache, mla_decode_sparse, quantize_q, sparse_decode_metadata
+from snapmla_cute import FP8KVCache, mla_decode_sparse, quantize_q, sparse_decode_metadata, sparse_reference
 from snapmla_cute import reference as ref
 from snapmla_cute.sparse import SPARSE_HEADS
 
@@ -56,8 +56,9 @@ def build_sparse_case(b, s_q, h, page_size, ctx, topk, *, seed=0, dup=False, min
 
 def check_sparse(c, out, lse, *, softmax_scale=None):
     kw = dict(topk_length=c["topk_length"], softmax_scale=softmax_scale)
-    ox, lx = ref.mla_decode_sparse_exact(c["q"], c["k_pages"], c["indices"], **kw)
-    oe, le = ref.mla_decode_sparse_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["indices"], **kw)
+    ox, lx = sparse_reference.mla_decode_sparse_exact(c["q"], c["k_pages"], c["indices"], **kw)
+    oe, le = sparse_reference.mla_decode_sparse_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["indices"],
+                                                         **kw)
     assert not torch.isnan(out.float()).any(), "output not fully written, or NaN leaked"
     assert not torch.isnan(lse).any()
     got = out.float()
