@@ -10,11 +10,12 @@ it against ``smem.content_offset``/``vt_offset``.
 Two token orders: natural (K position k of Vᵀ is token k) and π (``pi``, the kernel's
 default, ``DecodeConfig.pi_order``), the order in which the QK accumulator hands each lane
 its columns, so that P needs no shuffles; each 32-wide k-step sums the same tokens either way.
+``render_tokens`` / ``plot_tokens`` draw the Vᵀ and P tiles by token in either order.
 """
 
 from __future__ import annotations
 
-from snapmla_cute.layouts.smem import CHUNK_BYTES, content_offset, vt_offset
+from snapmla_cute.layouts.smem import CHUNK_BYTES, content_offset, p_offset, vt_offset
 
 
 def prmt(a: int, b: int, selector: int) -> int:
@@ -176,3 +177,60 @@ def transpose_ldsm_emulated(buf: bytearray, valid_tokens: int = 64, pi: bool = F
                     for j in range(4):
                         off = dst_rows[(j, t >> 2)] + 4 * (t & 3)
                         buf[off : off + 4] = words[j].to_bytes(4, "little")
+
+
+# ------------------------------------------------------------------------------------------
+# The token order π (``DecodeConfig.pi_order``, the kernel's default)
+# ------------------------------------------------------------------------------------------
+#
+# K position k of the Vᵀ and P tiles holds token ``pi(k)``. π moves tokens only inside each
+# group of 16, i.e. inside one 16-byte unit of a tile row, so ``smem.render`` and
+# ``smem.plot`` (the unit of element (row, K position)) are the same in both orders. The
+# functions below index by token and show where its byte lands, unit and byte.
+
+_pi_of = pi  # for the functions below, whose flag ``pi`` shadows it
+
+
+def token_position(token: int, pi: bool = True) -> int:
+    """K position of ``token`` in the Vᵀ / P tiles: π⁻¹(token), or ``token`` with ``pi=False``."""
+    if not pi:
+        return token
+    base = token - token % 16
+    return next(k for k in range(base, base + 16) if _pi_of(k) == token)
+
+
+def token_offset(kind: str, row: int, token: int, pi: bool = True) -> int:
+    """Byte offset of ``token`` of ``row`` (a dim of ``vt``, a query row of ``p``) when the
+    tile's K positions hold tokens in the order π (``pi=False``: natural, position = token)."""
+    fn = {"vt": vt_offset, "p": p_offset}[kind]
+    return fn(row, token_position(token, pi))
+
+
+def _order_name(pi: bool) -> str:
+    return "token order π (kernel default)" if pi else "natural token order (pi_order=False)"
+
+
+def render_tokens(kind: str = "vt", rows: int = 8, cols: int = 16, pi: bool = True) -> str:
+    """A text picture of a corner of the Vᵀ or P tile by token: ``unit.byte`` (16-byte unit
+    index, byte inside it) of element (row, token) in the order π (or natural)."""
+    lines = [f"{kind}, {_order_name(pi)}: 16-byte unit.byte of element (row, token), top-left {rows}x{cols}"]
+    for r in range(rows):
+        offsets = [token_offset(kind, r, t, pi) for t in range(cols)]
+        lines.append(" ".join(f"{o // 16:3d}.{o % 16:02d}" for o in offsets))
+    return "\n".join(lines)
+
+
+def plot_tokens(kind: str = "vt", rows: int = 32, cols: int = 64, pi: bool = True, ax=None):
+    """Draws where each token's byte of a Vᵀ or P tile corner lands (matplotlib): the byte
+    offset mod 64 (its place in the swizzled 64-byte row) of element (row, token), in the
+    order π (or natural). Natural order gives smooth runs of 16; π shows its pairs."""
+    import matplotlib.pyplot as plt
+
+    grid = [[token_offset(kind, r, t, pi) % 64 for t in range(cols)] for r in range(rows)]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(cols / 6, rows / 6))
+    ax.imshow(grid, cmap="viridis", interpolation="nearest")
+    ax.set_title(f"{kind}, {_order_name(pi)}: byte (mod 64) of element (row, token)")
+    ax.set_xlabel("token")
+    ax.set_ylabel("dim" if kind == "vt" else "query row")
+    return ax

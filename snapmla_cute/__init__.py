@@ -13,15 +13,9 @@ Public API (torch tensors on a CUDA device):
 """
 
 from snapmla_cute.kv_cache import FP8KVCache
-from snapmla_cute.ops import (
-    DecodeMetadata,
-    append_kv,
-    decode_metadata,
-    dequantize_kv,
-    mla_decode,
-    quantize_q,
-    warmup,
-)
+from snapmla_cute.decode import mla_decode, warmup
+from snapmla_cute.fused import append_kv, dequantize_kv, quantize_q
+from snapmla_cute.planning import DecodeMetadata, decode_metadata
 from snapmla_cute.sparse import SparseDecodeMetadata, mla_decode_sparse, sparse_decode_metadata
 
 from snapmla_cute import torch_ops  # noqa: E402,F401  registers torch.ops.snapmla.*

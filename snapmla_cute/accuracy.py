@@ -1,7 +1,7 @@
 """Accuracy study (paper §4.3, Table 2): SnapMLA vs Configs A–D and the FP8 formats Hopper
 users run today, against float64 exact attention, plus an error budget per quantization step.
 
-Runs on the CPU through ``reference.mla_decode_emulated``. Four data sets (``make_inputs``):
+Runs on the CPU through ``emulation.mla_decode_emulated``. Four data sets (``make_inputs``):
 
 * ``flashmla``: FlashMLA's test data — K = randn/10 clamped to ±1, q = randn.
 * ``paper``: shaped after §3.1.1 / Fig. 3 — content concentrated around zero (std 0.1
@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from snapmla_cute import emulation
 from snapmla_cute import reference as ref
 
 CONFIG_ORDER = ("snapmla", "A", "B", "C", "D", "flashmla_fp8", "v32")
@@ -147,15 +148,15 @@ def make_inputs(dist: str, b: int, s_q: int, h: int, L: int, page_size: int, gen
     return q.to(torch.bfloat16), k_pages, block_table, lens
 
 
-def _steps(name: str, mma: str = "exact", **on) -> tuple[str, ref.QuantConfig, str]:
+def _steps(name: str, mma: str = "exact", **on) -> tuple[str, emulation.QuantConfig, str]:
     """A budget row: SnapMLA's format with only the steps in ``on`` switched on."""
     off = dict(q_quant=False, k_quant=False, rope_bf16=False, p="none")
-    return name, ref.QuantConfig(name, "per_token", **{**off, **on}), mma
+    return name, emulation.QuantConfig(name, "per_token", **{**off, **on}), mma
 
 
 # Each quantization step of SnapMLA alone (the others exact, fp32 GEMMs), then all of them.
 BUDGET = (
-    ("SnapMLA (every step)", ref.SNAPMLA, "hopper"),
+    ("SnapMLA (every step)", emulation.SNAPMLA, "hopper"),
     _steps("K content e4m3 (per token)", k_quant=True),
     _steps("Q e4m3 (per token, head)", q_quant=True),
     _steps("RoPE in bf16 (÷ σ)", rope_bf16=True),
@@ -163,20 +164,21 @@ BUDGET = (
     _steps("tensor-core adder (QK, PV)", mma="hopper"),
     # what removing the largest step on MLA-like data would buy: Q kept in fp32, or Q's
     # content as two e4m3 terms (hi + lo, one scale; a second QK content chain in a kernel)
-    ("SnapMLA with Q unquantized", ref.QuantConfig("SnapMLA, Q fp32", "per_token", q_quant=False), "hopper"),
-    ("SnapMLA with Q as hi + lo e4m3", ref.QuantConfig("SnapMLA, Q hi + lo", "per_token", q_split=True), "hopper"),
+    ("SnapMLA with Q unquantized", emulation.QuantConfig("SnapMLA, Q fp32", "per_token", q_quant=False), "hopper"),
+    ("SnapMLA with Q as hi + lo e4m3", emulation.QuantConfig("SnapMLA, Q hi + lo", "per_token", q_split=True),
+     "hopper"),
 )
 _SINGLE_STEPS = slice(1, 6)
 # SnapMLA with another P quantization (everything else as the kernel).
 P_VARIANTS = (
-    ("SnapMLA", ref.SNAPMLA, "hopper"),
-    ("P' unquantized (fp32)", ref.QuantConfig("P' fp32", "per_token", p="none"), "hopper"),
-    ("P' e4m3, 32-key blocks", ref.QuantConfig("P' 32", "per_token", p_block=32), "hopper"),
-    ("P' e4m3, 16-key blocks", ref.QuantConfig("P' 16", "per_token", p_block=16), "hopper"),
-    ("P' e5m2", ref.QuantConfig("P' e5m2", "per_token", p="e5m2"), "hopper"),
-    ("P' bf16 (BF16 PV)", ref.QuantConfig("P' bf16", "per_token", p="bf16"), "hopper"),
+    ("SnapMLA", emulation.SNAPMLA, "hopper"),
+    ("P' unquantized (fp32)", emulation.QuantConfig("P' fp32", "per_token", p="none"), "hopper"),
+    ("P' e4m3, 32-key blocks", emulation.QuantConfig("P' 32", "per_token", p_block=32), "hopper"),
+    ("P' e4m3, 16-key blocks", emulation.QuantConfig("P' 16", "per_token", p_block=16), "hopper"),
+    ("P' e5m2", emulation.QuantConfig("P' e5m2", "per_token", p="e5m2"), "hopper"),
+    ("P' bf16 (BF16 PV)", emulation.QuantConfig("P' bf16", "per_token", p="bf16"), "hopper"),
 )
-FORMATS = tuple((ref.CONFIGS[n].name, ref.CONFIGS[n], None) for n in CONFIG_ORDER)
+FORMATS = tuple((emulation.CONFIGS[n].name, emulation.CONFIGS[n], None) for n in CONFIG_ORDER)
 TABLES = {"formats": FORMATS, "budget": BUDGET, "p": P_VARIANTS}
 
 
@@ -210,8 +212,8 @@ def accuracy_study(
                 fp8_cache = ref.quantize_kv_cache(k_pages)
                 for label, cfg, mma in spec:
                     # SnapMLA reads the FP8 cache, exactly as the kernel; the others quantize here
-                    cache = fp8_cache if cfg == ref.SNAPMLA else k_pages
-                    out, lse = ref.mla_decode_emulated(q, cache, bt, lens, config=cfg, mma=mma)
+                    cache = fp8_cache if cfg == emulation.SNAPMLA else k_pages
+                    out, lse = emulation.mla_decode_emulated(q, cache, bt, lens, config=cfg, mma=mma)
                     per_cfg[label].append(
                         (ref.rel_l2(out, out_x), ref.cos_diff(out, out_x), ref.rmse(out, out_x), ref.lse_max_abs(lse, lse_x))
                     )

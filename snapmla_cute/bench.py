@@ -232,7 +232,7 @@ def decode_lengths(b: int, s_k: int, varlen: bool, seed: int = 0) -> list[int]:
 def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True) -> list[dict]:
     """Times ``mla_decode`` (pre-quantized q, reused metadata, CUDA-graph replay) and the
     bf16-input path (quantize + decode); checks each shape against the emulation first."""
-    from snapmla_cute import FP8KVCache, anchors, decode_metadata, mla_decode, quantize_q
+    from snapmla_cute import FP8KVCache, anchors, decode_metadata, emulation, mla_decode, quantize_q
     from snapmla_cute import reference as ref
 
     name = torch.cuda.get_device_name()
@@ -263,7 +263,7 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
         out, lse = mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md)
         if verify:  # two requests against the emulation before any timing
             n_chk = min(b, 2)
-            emu = ref.mla_decode_emulated(
+            emu = emulation.mla_decode_emulated(
                 q[:n_chk], (cache.kv, cache.kv_scale), block_table[:n_chk], seqlens[:n_chk], causal=causal
             )
             err = ref.rel_l2(out[:n_chk].float(), emu[0].bfloat16().float())
@@ -273,7 +273,7 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
         us_e2e = time_us(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         host = host_us_per_call(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
         host_bf16 = host_us_per_call(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
-        from snapmla_cute.ops import _step_call
+        from snapmla_cute.decode import _step_call
 
         step, step_args = _step_call(qq, cache, block_table, seqlens, md, out, lse, None, causal)
         launch = host_us_per_call(lambda: step(*step_args))

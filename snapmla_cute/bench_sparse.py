@@ -98,7 +98,7 @@ def bench_sparse(shapes=SPARSE_SHAPES, page_size: int = 64, verify: bool = True,
     the last query token of up to two requests of each shape against the emulation first.
     ``few_heads``: the rows are judged against their floor and beside FlashMLA at h64 (the
     padded path) instead of beside FlashMLA at the same heads and our dense decode."""
-    from snapmla_cute import anchors, mla_decode_sparse
+    from snapmla_cute import anchors, mla_decode_sparse, sparse_reference
     from snapmla_cute import reference as ref
 
     kind = anchors.device_kind(torch.cuda.get_device_name())
@@ -109,7 +109,7 @@ def bench_sparse(shapes=SPARSE_SHAPES, page_size: int = 64, verify: bool = True,
         out, lse = mla_decode_sparse(qq, cache, indices, metadata=md)
         if verify:
             n, t = min(b, 2), s_q - 1  # the last query token: its own list
-            emu = ref.mla_decode_sparse_emulated(q[:n, t:], (cache.kv, cache.kv_scale), indices[:n, t:])
+            emu = sparse_reference.mla_decode_sparse_emulated(q[:n, t:], (cache.kv, cache.kv_scale), indices[:n, t:])
             err = ref.rel_l2(out[:n, t:].float(), emu[0].bfloat16().float())
             if err > 2e-3:
                 raise RuntimeError(f"sparse b{b} h{h} s_q{s_q} topk{topk}: rel-L2 {err:.2e} vs emulation")

@@ -122,14 +122,14 @@ def _profile(args):
 
 
 def _layouts(args):
-    from snapmla_cute.layouts import p_permute, smem
+    from snapmla_cute.layouts import p_permute, smem, transpose
 
     for kind in ("content", "vt", "rope", "p"):
         print(smem.render(kind, rows=args.rows, cols=args.cols))
         print()
     # The kernel keeps Vᵀ and P in the token order π: these show where each token lands.
     for kind in ("vt", "p"):
-        print(smem.render_tokens(kind, rows=args.rows, cols=args.cols))
+        print(transpose.render_tokens(kind, rows=args.rows, cols=args.cols))
         print()
     print("P bytes per lane of a quad, one 32-column k block (label = 32*rowpair + col):")
     for lane in range(4):
@@ -147,7 +147,7 @@ def _layouts(args):
         os.makedirs(args.png, exist_ok=True)
         for kind in ("content", "vt", "rope", "p"):
             # Vᵀ and P by token in the order π (what the kernel ships); the others by byte.
-            ax = smem.plot_tokens(kind) if kind in ("vt", "p") else smem.plot(kind)
+            ax = transpose.plot_tokens(kind) if kind in ("vt", "p") else smem.plot(kind)
             path = os.path.join(args.png, f"{kind}.png")
             ax.figure.savefig(path, dpi=80, bbox_inches="tight")
             plt.close(ax.figure)

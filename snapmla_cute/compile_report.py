@@ -27,7 +27,7 @@ QUICK_SHAPES = [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 32, True), (32, 
 def decode_variants(full: bool = True) -> list:
     from snapmla_cute.format import PAGE_SIZES
     from snapmla_cute.kernels.decode import DecodeConfig
-    from snapmla_cute.ops import HEADS, MAX_S_Q
+    from snapmla_cute.planning import HEADS, MAX_S_Q
 
     if not full:
         shapes = QUICK_SHAPES

@@ -36,7 +36,10 @@ from snapmla_cute.checks import check_cuda as _check_cuda
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.format import CONTENT_DIM
-from snapmla_cute.ops import HEADS, MAX_S_Q, DecodeMetadata, _launcher, _validate_outputs, decode_metadata, mla_decode
+from snapmla_cute.decode import mla_decode
+from snapmla_cute.planning import HEADS, MAX_S_Q, DecodeMetadata, decode_metadata
+from snapmla_cute.tuning import _launcher
+from snapmla_cute.validation import _validate_outputs
 
 
 @dataclass(frozen=True)

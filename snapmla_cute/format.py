@@ -1,4 +1,4 @@
-"""Constants of the SnapMLA FP8 KV-cache and query formats (no imports, shared by kernels and ops).
+"""Constants of the SnapMLA FP8 KV-cache and query formats (no imports, shared by the kernels and the API).
 
 ``reference.py`` restates these values on purpose (it is the independent specification);
 ``tests/test_reference.py`` checks the two agree.

@@ -23,24 +23,20 @@ from snapmla_cute.checks import check_values as _check_values
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels.decode_scheduler import MAX_BATCH as _MAX_BATCH
 from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN as _MAX_SEQLEN
+from snapmla_cute.decode import _DEFAULT_SCALE_LOG2, _LOG2E
 from snapmla_cute.kv_cache import FP8KVCache
-from snapmla_cute.ops import (
-    _DEFAULT_SCALE_LOG2,
-    _LOG2E,
-    DECODE_TUNING,
+from snapmla_cute.planning import (
     _check_cluster_parts,
-    _hot_sparse,
-    _launcher,
     _merge_max_splits,
     _num_sms,
-    _decode_reads,
-    _query_values,
-    _validate_outputs,
-    _validate_query,
     default_cluster,
     default_num_parts,
     plan_config,
 )
+from snapmla_cute.tuning import DECODE_TUNING, _hot_table, _launcher
+from snapmla_cute.validation import _decode_reads, _query_values, _validate_outputs, _validate_query
+
+_hot_sparse = _hot_table()  # (heads, s_q, bf16 q, cluster) -> compiled sparse step
 
 SPARSE_HEADS = (8, 16, 32, 64, 128)
 SPARSE_MAX_S_Q = 8

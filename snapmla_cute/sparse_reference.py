@@ -13,15 +13,8 @@ import math
 
 import torch
 
-from snapmla_cute.format import CONTENT_DIM, HEAD_DIM
-from snapmla_cute.reference import (
-    SNAPMLA,
-    _decode_one,
-    _quantize_q,
-    _QuantizedK,
-    default_softmax_scale,
-    unpack_kv_rows,
-)
+from snapmla_cute.emulation import SNAPMLA, _decode_one, _quantize_q, _QuantizedK
+from snapmla_cute.reference import CONTENT_DIM, HEAD_DIM, default_softmax_scale, unpack_kv_rows
 
 
 def sparse_lists(indices: torch.Tensor, topk_length: torch.Tensor | None, num_slots: int):

@@ -1,5 +1,5 @@
 """What Hopper's WGMMA adder does to an accumulation, bit for bit (part of the decode's spec:
-``reference.mla_decode_emulated`` runs QK and PV through it)."""
+``emulation.mla_decode_emulated`` runs QK and PV through it)."""
 
 from __future__ import annotations
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from snapmla_cute import ops
+from snapmla_cute import decode, fused, planning
 from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
 from snapmla_cute.kv_cache import FP8KVCache
 
 
 @torch.library.custom_op("snapmla::quantize_q", mutates_args=())
 def quantize_q(q: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return ops.quantize_q(q, check=False)
+    return fused.quantize_q(q, check=False)
 
 
 @quantize_q.register_fake
@@ -37,7 +37,7 @@ def _(q):
 
 @torch.library.custom_op("snapmla::append_kv", mutates_args=("kv", "kv_scale"))
 def append_kv(kv: Tensor, kv_scale: Tensor, new_kv: Tensor, slot_mapping: Tensor) -> None:
-    ops.append_kv(FP8KVCache(kv, kv_scale), new_kv, slot_mapping, check=False)
+    fused.append_kv(FP8KVCache(kv, kv_scale), new_kv, slot_mapping, check=False)
 
 
 @append_kv.register_fake
@@ -47,7 +47,7 @@ def _(kv, kv_scale, new_kv, slot_mapping):
 
 @torch.library.custom_op("snapmla::dequantize_kv", mutates_args=())
 def dequantize_kv(kv: Tensor, kv_scale: Tensor, slots: Tensor) -> Tensor:
-    return ops.dequantize_kv(FP8KVCache(kv, kv_scale), slots, check=False)
+    return fused.dequantize_kv(FP8KVCache(kv, kv_scale), slots, check=False)
 
 
 @dequantize_kv.register_fake
@@ -84,8 +84,8 @@ def mla_decode(
     causal: bool,
 ) -> tuple[Tensor, Tensor]:
     b, s_q, h, _ = q_nope.shape
-    md = ops.DecodeMetadata.from_buffers(sched, split_offsets, o_partial, lse_partial, counters, s_q=s_q, heads=h)
-    return ops.mla_decode(
+    md = planning.DecodeMetadata.from_buffers(sched, split_offsets, o_partial, lse_partial, counters, s_q=s_q, heads=h)
+    return decode.mla_decode(
         (q_nope, q_rope, q_scale), FP8KVCache(kv, kv_scale), block_table, cache_seqlens,
         softmax_scale=softmax_scale, causal=causal, metadata=md, check=False,
     )

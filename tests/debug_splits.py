@@ -7,10 +7,10 @@ import torch
 sys.path.insert(0, "tests")
 from decode_cases import build_case  # noqa: E402
 
-from snapmla_cute import decode_metadata, mla_decode  # noqa: E402
+from snapmla_cute import decode_metadata, emulation, mla_decode  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.kernels.decode import DecodeConfig  # noqa: E402
-from snapmla_cute.kernels.decode_scheduler import schedule_reference  # noqa: E402
+from snapmla_cute.planning import schedule_reference  # noqa: E402
 
 for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
     c = build_case(2, 1, 128, 64, [L, L], seed=5)
@@ -21,7 +21,7 @@ for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
     kv, ks = c["cache"].kv, c["cache"].kv_scale
     content, rope = ref.unpack_kv_rows(ref._gather(kv, c["block_table"], 0, L))
     s_k = ref._gather(ks, c["block_table"], 0, L).float()
-    q_codes, q_scale = ref._quantize_q(c["q"], ref.SNAPMLA)
+    q_codes, q_scale = emulation._quantize_q(c["q"], emulation.SNAPMLA)
     errs = []
     for row in sched:
         if row[0] != 0:
@@ -29,8 +29,8 @@ for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
         lo = row[1] * 64
         hi = (row[3] * 64 if row[2] == 0 else L)
         split = row[4]
-        kq = ref._QuantizedK(torch.cat([content.float(), rope.float()], -1)[lo:hi], s_k[lo:hi], content.float()[lo:hi], s_k[lo:hi])
-        o, l_ = ref._decode_one(q_codes[0].reshape(128, 576), q_scale[0].reshape(128), kq, torch.full((128,), hi - lo, device="cuda"), ref.default_softmax_scale(), "hopper")
+        kq = emulation._QuantizedK(torch.cat([content.float(), rope.float()], -1)[lo:hi], s_k[lo:hi], content.float()[lo:hi], s_k[lo:hi])
+        o, l_ = emulation._decode_one(q_codes[0].reshape(128, 576), q_scale[0].reshape(128), kq, torch.full((128,), hi - lo, device="cuda"), ref.default_softmax_scale(), "hopper")
         n_splits = offsets[1] - offsets[0]
         if n_splits > 1:
             slot = md.o_partial[offsets[0] + split]  # fp32 (R, 512)
@@ -42,6 +42,6 @@ for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
             else:
                 got = slot
             errs.append((hi - lo, ref.rel_l2(got, o), ref.lse_max_abs(md.lse_partial[offsets[0] + split], l_)))
-    full_emu = ref.mla_decode_emulated(c["q"], (kv, ks), c["block_table"], c["cache_seqlens"])
+    full_emu = emulation.mla_decode_emulated(c["q"], (kv, ks), c["block_table"], c["cache_seqlens"])
     print(f"L={L} parts={parts}: splits(tokens, relL2, lse)={[(a, f'{b:.1e}', f'{d:.1e}') for a, b, d in errs][:6]} "
           f"final vs emu={ref.rel_l2(out.float(), full_emu[0]):.2e} vs emu-bf16={ref.rel_l2(out.float(), full_emu[0].bfloat16().float()):.2e}", flush=True)

@@ -7,8 +7,8 @@ import torch
 sys.path.insert(0, "tests")
 from decode_cases import build_case  # noqa: E402
 
-import snapmla_cute.ops as ops  # noqa: E402
-from snapmla_cute import decode_metadata, mla_decode, quantize_q  # noqa: E402
+from snapmla_cute.tuning import DECODE_TUNING  # noqa: E402
+from snapmla_cute import decode_metadata, emulation, mla_decode, quantize_q  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.bench import time_us  # noqa: E402
 
@@ -19,13 +19,13 @@ acc_cases = [(1, 1, 128, 64, [640], False, 66), (2, 1, 128, 64, [8192, 100], Fal
 refs = []
 for b, s_q, h, ps, lens, causal, parts in acc_cases:
     c = build_case(b, s_q, h, ps, lens, seed=11)
-    oe, le = ref.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], c["cache_seqlens"], causal=causal)
+    oe, le = emulation.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], c["cache_seqlens"], causal=causal)
     refs.append((c, oe.bfloat16().float(), le))
 big = [(128, 128, 1, 4096), (128, 128, 2, 8192)]
 big_cases = [build_case(b, s_q, h, 64, [L] * b, seed=1) for b, h, s_q, L in big]
 for v in VARIANTS:
-    ops.DECODE_TUNING.clear()
-    ops.DECODE_TUNING.update(v)
+    DECODE_TUNING.clear()
+    DECODE_TUNING.update(v)
     errs = []
     for (b, s_q, h, ps, lens, causal, parts), (c, oe, le) in zip(acc_cases, refs):
         md = decode_metadata(c["cache_seqlens"], s_q=s_q, heads=h, num_parts=parts)

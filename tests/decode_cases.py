@@ -2,7 +2,7 @@
 
 import torch
 
-from snapmla_cute import FP8KVCache
+from snapmla_cute import FP8KVCache, emulation
 from snapmla_cute import reference as ref
 from snapmla_cute.accuracy import make_inputs
 
@@ -55,7 +55,7 @@ def build_case(b, s_q, h, page_size, lens, *, dist="flashmla", seed=0, device="c
 def references(case, causal, softmax_scale=None):
     c = case
     exact = ref.mla_decode_exact(c["q"], c["k_pages"], c["block_table"], c["cache_seqlens"], causal=causal, softmax_scale=softmax_scale)
-    emu = ref.mla_decode_emulated(
+    emu = emulation.mla_decode_emulated(
         c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], c["cache_seqlens"], causal=causal, softmax_scale=softmax_scale
     )
     return exact, emu

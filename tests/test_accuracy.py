@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from snapmla_cute import accuracy as acc
+from snapmla_cute import emulation
 from snapmla_cute import reference as ref
 
 
@@ -63,14 +64,14 @@ def test_budget_switches_isolate_each_step():
     q, k_pages, bt, lens = _case("realistic")
     out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens)
     nothing = acc._steps("none")[1]
-    o, lse = ref.mla_decode_emulated(q, k_pages, bt, lens, config=nothing, mma="exact")
+    o, lse = emulation.mla_decode_emulated(q, k_pages, bt, lens, config=nothing, mma="exact")
     assert ref.rel_l2(o, out_x) < 1e-5 and ref.lse_max_abs(lse, lse_x) < 1e-4
     errs = {}
     for label, cfg, mma in acc.BUDGET[acc._SINGLE_STEPS]:
-        o, _ = ref.mla_decode_emulated(q, k_pages, bt, lens, config=cfg, mma=mma)
+        o, _ = emulation.mla_decode_emulated(q, k_pages, bt, lens, config=cfg, mma=mma)
         errs[label] = ref.rel_l2(o, out_x)
         assert errs[label] > 1e-5, label  # each switch does something
-    o, _ = ref.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
+    o, _ = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
     full = ref.rel_l2(o, out_x)
     assert max(errs.values()) < 1.5 * full  # no single step beyond the whole path (errors add in quadrature)
     assert math.sqrt(sum(e * e for e in errs.values())) > 0.5 * full
@@ -81,13 +82,13 @@ def test_p_variant_path_equals_the_kernel_path_for_the_kernels_p():
     result (units of 1/σ_p) up to fp32 rounding with fp32 GEMMs, so the P variants compare
     like for like (with the tensor-core adder the two differ by its truncation, ~1e-4)."""
     q, k_pages, bt, lens = _case("stress")
-    codes, scale = ref._quantize_q(q.reshape(-1, 576), ref.SNAPMLA)
-    kq = ref._quantize_k(ref._gather(k_pages, bt, 0, 1024), ref.SNAPMLA, None)
+    codes, scale = emulation._quantize_q(q.reshape(-1, 576), emulation.SNAPMLA)
+    kq = emulation._quantize_k(ref._gather(k_pages, bt, 0, 1024), emulation.SNAPMLA, None)
     vis = torch.full((16,), 1024)
     for mma, tol in (("exact", 2e-6), ("hopper", 3e-4)):
         args = (codes[:16], scale[:16], kq, vis, ref.default_softmax_scale(), mma)
-        o1, l1 = ref._decode_one(*args)
-        o2, l2 = ref._decode_one_p_variant(*args, "e4m3", 64)
+        o1, l1 = emulation._decode_one(*args)
+        o2, l2 = emulation._decode_one_p_variant(*args, "e4m3", 64)
         assert ref.rel_l2(o2, o1) < tol and float((l1 - l2).abs().max()) < 1e-5, mma
 
 
@@ -95,9 +96,9 @@ def test_p_variant_path_equals_the_kernel_path_for_the_kernels_p():
 def test_p_variants_run_and_bracket_the_kernel(p, block):
     q, k_pages, bt, lens = _case("realistic")
     out_x, _ = ref.mla_decode_exact(q, k_pages, bt, lens)
-    cfg = ref.QuantConfig("v", "per_token", p=p, p_block=block)
-    o, _ = ref.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens, config=cfg)
-    base, _ = ref.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
+    cfg = emulation.QuantConfig("v", "per_token", p=p, p_block=block)
+    o, _ = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens, config=cfg)
+    base, _ = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
     assert 0 < ref.rel_l2(o, base) < 2e-2
     assert ref.rel_l2(o, out_x) < 1.2 * ref.rel_l2(base, out_x)
 
@@ -105,12 +106,12 @@ def test_p_variants_run_and_bracket_the_kernel(p, block):
 def test_flashmla_dense_fp8_quantizes_rope_and_v32_scales_are_powers_of_two():
     q, k_pages, bt, lens = _case("paper", L=2048)
     out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens)
-    snap = ref.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
-    dense = ref.mla_decode_emulated(q, k_pages, bt, lens, config="flashmla_fp8")
+    snap = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
+    dense = emulation.mla_decode_emulated(q, k_pages, bt, lens, config="flashmla_fp8")
     # RoPE outlier channels in e4m3 with one per-tensor scale: the logits suffer (paper §3.1)
     assert ref.lse_max_abs(dense[1], lse_x) > 3 * ref.lse_max_abs(snap[1], lse_x)
     k = ref._gather(k_pages, bt, 0, 2048)
-    kq = ref._quantize_k(k, ref.V32_TILE128, None)
+    kq = emulation._quantize_k(k, emulation.V32_TILE128, None)
     assert torch.equal(kq.qk_codes[:, 512:], k[:, 512:].float())  # RoPE kept bf16
     tiles = k[:, :512].float().view(-1, 4, 128)
     sc = torch.exp2(torch.ceil(torch.log2(tiles.abs().amax(-1, keepdim=True) / 448)))
@@ -136,9 +137,9 @@ def test_study_tables_and_cli(capsys):
 
 def test_split_query_keeps_hi_plus_lo_and_removes_most_of_qs_error():
     q, k_pages, bt, lens = _case("realistic")
-    split = ref.QuantConfig("split", "per_token", q_split=True)
-    codes, scale = ref._quantize_q(q, split)
-    plain, scale0 = ref._quantize_q(q, ref.SNAPMLA)
+    split = emulation.QuantConfig("split", "per_token", q_split=True)
+    codes, scale = emulation._quantize_q(q, split)
+    plain, scale0 = emulation._quantize_q(q, emulation.SNAPMLA)
     assert codes.shape[-1] == 576 + 512 and torch.equal(scale, scale0)
     assert torch.equal(codes[..., :576], plain)  # hi and RoPE are the plain codes
     want = q[..., :512].float() / scale.unsqueeze(-1)
@@ -146,6 +147,6 @@ def test_split_query_keeps_hi_plus_lo_and_removes_most_of_qs_error():
     big = want.abs() > 1  # lo codes of small elements fall into e4m3's subnormals
     assert ((hi_lo - want).abs()[big] <= want.abs()[big] * 2.0**-7).all()
     out_x, _ = ref.mla_decode_exact(q, k_pages, bt, lens)
-    o_split, _ = ref.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens, config=split)
-    o_plain, _ = ref.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
+    o_split, _ = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens, config=split)
+    o_plain, _ = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
     assert ref.rel_l2(o_split, out_x) < 0.5 * ref.rel_l2(o_plain, out_x)

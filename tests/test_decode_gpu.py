@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from decode_cases import build_case, host_syncs, references
-from snapmla_cute import decode_metadata, mla_decode, quantize_q
+from snapmla_cute import decode_metadata, emulation, mla_decode, quantize_q
 from snapmla_cute.kernels.decode import DecodeConfig
 from snapmla_cute import reference as ref
+from snapmla_cute.tensor_core import tensor_core_mma
 
 pytestmark = pytest.mark.gpu
 
@@ -88,16 +89,16 @@ def test_without_the_transposer_warpgroup(seed, h, s_q, page_size, causal):
     """``DecodeConfig.transposer=False`` (each consumer transposes its own blocks; the
     default uses the transposer WG, which every other test covers): block edges, an empty
     request, a long one, split ones, and one request over many parts."""
-    import snapmla_cute.ops as ops
+    from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed)
     lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
-    ops.DECODE_TUNING.update(transposer=False)
+    DECODE_TUNING.update(transposer=False)
     try:
         _run_and_check(len(lens), s_q, h, page_size, lens, causal, seed=seed)
         _run_and_check(1, s_q, h, page_size, [777], causal, seed=seed)
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
 
 
 @pytest.mark.parametrize("h, s_q, page_size, causal", [(128, 1, 64, False), (16, 4, 16, True)])
@@ -105,16 +106,16 @@ def test_natural_token_order(seed, h, s_q, page_size, causal):
     """``DecodeConfig.pi_order=False`` (Vᵀ and P in token order, P permuted across each
     quad with shuffles; the default uses the order π, which every other test covers), with
     and without the transposer warpgroup: block edges, an empty request, split ones."""
-    import snapmla_cute.ops as ops
+    from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed)
     lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
     for transposer in (True, False):
-        ops.DECODE_TUNING.update(pi_order=False, transposer=transposer)
+        DECODE_TUNING.update(pi_order=False, transposer=transposer)
         try:
             _run_and_check(len(lens), s_q, h, page_size, lens, causal, seed=seed)
         finally:
-            ops.DECODE_TUNING.clear()
+            DECODE_TUNING.clear()
 
 
 def test_waiting_for_the_other_warpgroups_blocks(seed):
@@ -122,32 +123,32 @@ def test_waiting_for_the_other_warpgroups_blocks(seed):
     also waits for the TMA of the other consumer's blocks and for the transposer's signal of
     both blocks of its PV (the default leaves those implied waits out), and stores P with
     scalar stores instead of stmatrix."""
-    import snapmla_cute.ops as ops
+    from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed)
     lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
-    ops.DECODE_TUNING.update(other_kv_wait=True, vt_wait_both=True, p_stsm=False)
+    DECODE_TUNING.update(other_kv_wait=True, vt_wait_both=True, p_stsm=False)
     try:
         _run_and_check(len(lens), 1, 128, 64, lens, False, seed=seed)
         _run_and_check(len(lens), 4, 16, 16, lens, True, seed=seed)
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
 
 
 def test_kv_loads_without_the_l2_hint(seed):
     """``DecodeConfig.kv_evict_first=False``: the KV loads at L2's default policy (the
     default hints evict-first where at most two query tiles read a block, h64 here). A cache
     hint changes no value: the same output and LSE bit for bit, split requests included."""
-    import snapmla_cute.ops as ops
+    from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed)
     lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
     _, out, lse = _run_and_check(len(lens), 1, 64, 64, lens, False, seed=seed)
-    ops.DECODE_TUNING.update(kv_evict_first=False)
+    DECODE_TUNING.update(kv_evict_first=False)
     try:
         _, out2, lse2 = _run_and_check(len(lens), 1, 64, 64, lens, False, seed=seed)
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
 
 
@@ -155,16 +156,16 @@ def test_other_pipeline_depths(seed):
     """``DecodeConfig.kv_stages=3, pv_temps=1, qk_early=False``: a shallower KV ring, one PV
     temporary (each GEMM waits for the previous add), and QK of a block issued when its
     owner reaches it (the defaults, 4 / 2 / early, are what every other test runs)."""
-    import snapmla_cute.ops as ops
+    from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed)
     lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
-    ops.DECODE_TUNING.update(kv_stages=3, pv_temps=1, qk_early=False)
+    DECODE_TUNING.update(kv_stages=3, pv_temps=1, qk_early=False)
     try:
         _run_and_check(len(lens), 1, 128, 64, lens, False, seed=seed)
         _run_and_check(len(lens), 3, 32, 32, lens, True, seed=seed)
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
 
 
 @pytest.mark.parametrize("s_q, causal", [(1, False), (2, True)])
@@ -208,7 +209,7 @@ def test_metadata_reused_with_new_lengths(seed):
     for new in ([3000, 5, 0, 2999], [1, 2, 3, 4], [3000, 3000, 3000, 3000]):
         lens = torch.tensor(new, dtype=torch.int32, device="cuda")
         out, lse = mla_decode(c["q"], c["cache"], c["block_table"], lens, metadata=md)
-        want = ref.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], lens)
+        want = emulation.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], lens)
         assert ref.rel_l2(out.float(), want[0].bfloat16().float()) <= EMU_REL
         assert ref.lse_max_abs(lse, want[1]) <= EMU_LSE
 
@@ -268,8 +269,7 @@ def test_unchecked_lengths_are_clamped(seed):
     """check=False passes lengths as they come: a negative one is an empty request (zeros,
     -inf) and plans as 0, so no split row lands past the fp32 partials (rows after them,
     poisoned, stay as they were); the other requests are unchanged."""
-    from snapmla_cute import ops
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+    from snapmla_cute.planning import DecodeMetadata, plan_config, schedule_reference
 
     lens = [6400, 6400, 6400]
     c = build_case(3, 1, 64, 64, lens, seed=seed)
@@ -278,8 +278,8 @@ def test_unchecked_lengths_are_clamped(seed):
     rows = 3 + parts
     o_all = torch.full((rows + 64, 64, 512), 12345.0, device="cuda")
     l_all = torch.full((rows + 64, 64), 12345.0, device="cuda")
-    guarded = ops.DecodeMetadata.from_buffers(md.sched, md.split_offsets, o_all[:rows], l_all[:rows], md.counters,
-                                              s_q=1, heads=64)
+    guarded = DecodeMetadata.from_buffers(md.sched, md.split_offsets, o_all[:rows], l_all[:rows], md.counters,
+                                          s_q=1, heads=64)
     bad = c["cache_seqlens"].clone()
     bad[0] = -10000  # unclamped: split rows 141..200 of 135 (profiles/experiments/plan_lengths.py)
     out = torch.full((3, 1, 64, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -288,7 +288,7 @@ def test_unchecked_lengths_are_clamped(seed):
     torch.cuda.synchronize()
     assert torch.all(o_all[rows:] == 12345.0) and torch.all(l_all[rows:] == 12345.0)
     assert md.split_offsets.cpu().tolist() == schedule_reference([0, 6400, 6400], parts,
-                                                                 ops.plan_config(1, 64, cluster=md.cluster))[1]
+                                                                 plan_config(1, 64, cluster=md.cluster))[1]
     assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
     (ox, lx), (oe, le) = references(c, False)
     assert ref.rel_l2(out[1:].float(), oe[1:].bfloat16().float()) <= EMU_REL
@@ -318,8 +318,10 @@ def test_zero_length_batch_gives_zero_and_neg_inf(seed):
 def test_device_scheduler_matches_reference(parts, units, stream):
     """The standalone scheduler (``DecodeMetadata.update``) against the reference, with the
     whole-request rule off and at two shapes' constants (short batches to reach it)."""
-    from snapmla_cute import ops
-    from snapmla_cute.kernels.decode_scheduler import SchedulerConfig, schedule_reference
+    from snapmla_cute.kernels import decode_scheduler
+    from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
+    from snapmla_cute.planning import schedule_reference
+    from snapmla_cute.tuning import _launcher
 
     rng = random.Random(parts)
     cfg = SchedulerConfig(split_units=units, stream_parts=stream)
@@ -330,8 +332,8 @@ def test_device_scheduler_matches_reference(parts, units, stream):
             lens = [rng.choice([0, 1, rng.randint(500, 1500)]) for _ in range(rng.randint(1, parts))]
         sched = torch.full((parts, 8), -7, dtype=torch.int32, device="cuda")
         offsets = torch.full((len(lens) + 1,), -7, dtype=torch.int32, device="cuda")
-        ops._launcher(ops._scheduler.compile)(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets,
-                                              units, stream)
+        _launcher(decode_scheduler.compile)(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets,
+                                            units, stream)
         want_sched, want_offsets = schedule_reference(lens, parts, cfg)
         assert sched.cpu().tolist() == want_sched, lens
         assert offsets.cpu().tolist() == want_offsets, lens
@@ -350,8 +352,7 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
     """The decode kernel plans its own part (the plan it ran is written back to the
     metadata and must be the reference plan) and merges split requests itself (splits
     0..n-2 each merge a share of the rows), from 2 to ~100 splits per request."""
-    from snapmla_cute import ops
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+    from snapmla_cute.planning import plan_config, schedule_reference
 
     rng = random.Random(seed * 1000 + parts)
     lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 3000), rng.randint(0, 9000)]) for _ in range(12)]
@@ -362,7 +363,7 @@ def test_in_kernel_plan_and_merge(seed, h, parts):
     md.split_offsets.fill_(-7)
     for _ in range(2):  # the second call checks the split counters came back to zero
         out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
-        sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, h, cluster=md.cluster))
+        sched, offsets = schedule_reference(lens, parts, plan_config(1, h, cluster=md.cluster))
         assert md.sched.cpu().tolist() == sched, lens
         assert md.split_offsets.cpu().tolist() == offsets, lens
         assert torch.all(md.counters == 0)
@@ -378,19 +379,19 @@ def test_whole_request_plan(seed, b, h, parts):
     takes request p whole (the one-warp plan at b <= 32, the CTA-wide one past it), empty
     and one-token requests among them; the plan the kernel ran is the reference's and the
     outputs match the emulation, then again with the split-everywhere plan."""
-    from snapmla_cute import ops
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+    from snapmla_cute.planning import plan_config, schedule_reference
+    from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed * 31 + b)
     lens = [0, 1] + [rng.randint(700, 1300) for _ in range(b - 2)]
     c = build_case(b, 1, h, 64, lens, seed=seed)
     (ox, lx), (oe, le) = references(c, False)
     for whole in (True, False):
-        ops.DECODE_TUNING.update(whole_plans=whole)
+        DECODE_TUNING.update(whole_plans=whole)
         try:
             md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
             md.cluster = 1  # whole requests or splits, not the cluster plan
-            sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, h))
+            sched, offsets = schedule_reference(lens, parts, plan_config(1, h))
             assert (offsets[-1] == b) == whole, offsets[-1]  # whole requests only with the rule
             md.sched.fill_(-7)
             md.split_offsets.fill_(-7)
@@ -398,7 +399,7 @@ def test_whole_request_plan(seed, b, h, parts):
             lse = torch.full((b, h, 1), float("nan"), device="cuda")
             mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
         finally:
-            ops.DECODE_TUNING.clear()
+            DECODE_TUNING.clear()
         assert md.sched.cpu().tolist() == sched, lens
         assert md.split_offsets.cpu().tolist() == offsets, lens
         assert torch.all(md.counters == 0)
@@ -415,16 +416,17 @@ def test_cluster_plan(seed, b, h, k, parts):
     distributed shared memory. Empty, one-token and varied requests (portions with no
     blocks among them), three calls with poisoned outputs; the plan the kernel ran is the
     reference's, the outputs match the emulation and float64, the counters stay zero."""
-    from snapmla_cute import ops
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of, schedule_reference
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
+    from snapmla_cute.planning import plan_config, plan_of, schedule_reference
+    from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed * 17 + b)
     lens = [0, 1] + [rng.randint(1800, 2200) if i % 3 else rng.randint(1, 2200) for i in range(b - 2)]
     c = build_case(b, 1, h, 64, lens, seed=seed)
     (ox, lx), (oe, le) = references(c, False)
-    ops.DECODE_TUNING.update(cluster=k)
+    DECODE_TUNING.update(cluster=k)
     try:
-        cfg = ops.plan_config(1, h)
+        cfg = plan_config(1, h)
         # lengths chosen so that every draw takes the cluster plan (a test of the plan, not of the rule)
         assert plan_of(lens, parts, cfg) == PLAN_CLUSTER
         md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
@@ -441,16 +443,16 @@ def test_cluster_plan(seed, b, h, k, parts):
             assert ref.rel_l2(out.float(), ox) <= 5e-2
             assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
 
 
 def test_default_metadata_takes_clusters_where_they_pay():
     """b64 h64 s_k2048 (the cluster plan: 54.8 -> 44.9 µs on the H100) launches in clusters of
     two; b32 h64 s_k8192 (split over every SM) and b128 h128 do not."""
-    from snapmla_cute import ops
+    from snapmla_cute.planning import CLUSTER_SM_COUNTS
 
     lens = lambda b, L: torch.full((b,), L, dtype=torch.int32, device="cuda")  # noqa: E731
-    if torch.cuda.get_device_properties(0).multi_processor_count not in ops.CLUSTER_SM_COUNTS:
+    if torch.cuda.get_device_properties(0).multi_processor_count not in CLUSTER_SM_COUNTS:
         pytest.skip("clusters of two are not launched on this device")
     assert decode_metadata(lens(64, 2048), s_q=1, heads=64).cluster == 2
     assert decode_metadata(lens(32, 8192), s_q=1, heads=64).cluster == 1
@@ -461,9 +463,9 @@ def test_default_metadata_takes_clusters_where_they_pay():
 def test_cluster_plan_by_default(seed, b, s_q, h, causal):
     """The metadata's own choice (no tuning): clusters of two, the cluster plan at every call,
     against the emulation and float64, s_q 2 causal included."""
-    from snapmla_cute import ops
+    from snapmla_cute.planning import CLUSTER_SM_COUNTS
 
-    if torch.cuda.get_device_properties(0).multi_processor_count not in ops.CLUSTER_SM_COUNTS:
+    if torch.cuda.get_device_properties(0).multi_processor_count not in CLUSTER_SM_COUNTS:
         pytest.skip("clusters of two are not launched on this device")
     rng = random.Random(seed)
     lens = [0] + [rng.randint(1300, 1700) for _ in range(b - 1)]
@@ -552,8 +554,7 @@ def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
     """Batches of at most 32 requests plan with one warp's shuffle scans, larger ones with
     the CTA-wide scans (``plan.Planner.plan``): both sides of the limit give the
     reference plan, split requests included, and the emulation's output."""
-    from snapmla_cute import ops
-    from snapmla_cute.kernels.decode_scheduler import schedule_reference
+    from snapmla_cute.planning import plan_config, schedule_reference
 
     rng = random.Random(seed * 7 + batch)
     lens = [rng.choice([0, 1, 64, 65, rng.randint(0, 700)]) for _ in range(batch - 1)] + [3000]
@@ -563,7 +564,7 @@ def test_in_kernel_plan_at_the_single_warp_limit(seed, batch):
     md.sched.fill_(-7)
     md.split_offsets.fill_(-7)
     out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md)
-    sched, offsets = schedule_reference(lens, parts, ops.plan_config(1, 16, cluster=md.cluster))
+    sched, offsets = schedule_reference(lens, parts, plan_config(1, 16, cluster=md.cluster))
     assert md.sched.cpu().tolist() == sched, lens
     assert md.split_offsets.cpu().tolist() == offsets, lens
     assert offsets[-1] > batch  # some request was split
@@ -644,6 +645,6 @@ def test_emulation_is_the_same_on_gpu_and_cpu(seed):
     b = ref.to_e4m3(torch.randn(256, 512, generator=gen) * 2.0 ** torch.randint(-6, 7, (256, 1), generator=gen)).float()
     ar = torch.randn(64, 64, generator=gen).bfloat16().float()
     br = (torch.randn(256, 64, generator=gen) * 100).bfloat16().float()
-    cpu = ref.tensor_core_mma(ar, br, ref.tensor_core_mma(a, b), kind="bf16")
-    gpu = ref.tensor_core_mma(ar.cuda(), br.cuda(), ref.tensor_core_mma(a.cuda(), b.cuda()), kind="bf16")
+    cpu = tensor_core_mma(ar, br, tensor_core_mma(a, b), kind="bf16")
+    gpu = tensor_core_mma(ar.cuda(), br.cuda(), tensor_core_mma(a.cuda(), b.cuda()), kind="bf16")
     assert torch.equal(gpu.cpu(), cpu)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from decode_cases import build_case, references
-from snapmla_cute import distributed, mla_decode, quantize_q
+from snapmla_cute import distributed, emulation, mla_decode, quantize_q
 from snapmla_cute import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -36,8 +36,8 @@ def test_visible_counts_mask_like_the_emulation(seed, h, s_q):
     vis = torch.tensor([[rng.randint(-3, L + 3) for _ in range(s_q)] for L in lens], dtype=torch.int32, device="cuda")
     out, lse = _poisoned(b, s_q, h)
     mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], causal=True, visible=vis, out=out, lse=lse)
-    oe, le = ref.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], c["cache_seqlens"],
-                                     causal=True, visible=vis)
+    oe, le = emulation.mla_decode_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"],
+                                           c["cache_seqlens"], causal=True, visible=vis)
     ox, lx = ref.mla_decode_exact(c["q"], c["k_pages"], c["block_table"], c["cache_seqlens"], causal=True, visible=vis)
     assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
     assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL
@@ -88,8 +88,8 @@ def _cp_emulated(c, shards, s_q, causal):
         vis = None
         if causal and s_q > 1:
             vis = distributed.visible_counts(lens, c["cache_seqlens"], s_q, where)
-        o, l_ = ref.mla_decode_emulated(c["q"], (cache.kv, cache.kv_scale), bt, lens, causal=causal and s_q > 1,
-                                        visible=vis)
+        o, l_ = emulation.mla_decode_emulated(c["q"], (cache.kv, cache.kv_scale), bt, lens, causal=causal and s_q > 1,
+                                              visible=vis)
         outs.append(o.bfloat16())
         lses.append(l_)
     return ref.merge_partials(torch.stack(outs), torch.stack(lses))

@@ -6,7 +6,7 @@ import torch
 
 from decode_cases import build_case
 from snapmla_cute import decode_metadata, mla_decode, quantize_q
-from snapmla_cute import ops
+from snapmla_cute import decode
 
 pytestmark = pytest.mark.gpu
 
@@ -14,13 +14,13 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def counted_validation(monkeypatch):
     calls = []
-    real = ops._validate_decode
+    real = decode._validate_decode
 
     def counted(*a):
         calls.append(1)
         return real(*a)
 
-    monkeypatch.setattr(ops, "_validate_decode", counted)
+    monkeypatch.setattr(decode, "_validate_decode", counted)
     return calls
 
 

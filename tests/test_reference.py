@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from snapmla_cute import emulation, sparse_reference, tensor_core
 from snapmla_cute import format as fmt
 from snapmla_cute import reference as ref
 from snapmla_cute.accuracy import make_inputs
@@ -122,7 +123,7 @@ def _fp8_case(seed, b=3, s_q=2, h=16, ps=32, lens=(0, 45, 300), nan_fill=True):
 def test_emulation_close_to_exact_and_nan_never_leaks(seed, causal):
     q, k_pages, cache, bt, lens = _fp8_case(seed)
     out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens, causal=causal)
-    out, lse = ref.mla_decode_emulated(q, cache, bt, lens, causal=causal)
+    out, lse = emulation.mla_decode_emulated(q, cache, bt, lens, causal=causal)
     assert torch.isfinite(out).all()
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_x))
     assert ref.rel_l2(out, out_x) < 5e-2
@@ -132,8 +133,8 @@ def test_emulation_close_to_exact_and_nan_never_leaks(seed, causal):
 
 def test_emulation_from_pages_equals_emulation_from_fp8_cache(seed):
     q, k_pages, cache, bt, lens = _fp8_case(seed, nan_fill=False)
-    a = ref.mla_decode_emulated(q, cache, bt, lens)
-    b = ref.mla_decode_emulated(q, k_pages, bt, lens, config="snapmla")
+    a = emulation.mla_decode_emulated(q, cache, bt, lens)
+    b = emulation.mla_decode_emulated(q, k_pages, bt, lens, config="snapmla")
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
@@ -144,10 +145,10 @@ def test_online_implicit_dequant_equals_the_closed_form(seed):
     R, L = 8, 300
     k = (torch.randn(L, 576, generator=gen) / 10).bfloat16()
     c, r, s = ref.quantize_rows(k)
-    kq = ref._QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
-    qc, qs = ref._quantize_q(torch.randn(R, 576, generator=gen).bfloat16(), ref.SNAPMLA)
+    kq = emulation._QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
+    qc, qs = emulation._quantize_q(torch.randn(R, 576, generator=gen).bfloat16(), emulation.SNAPMLA)
     vis = torch.full((R,), L)
-    out, lse = ref._decode_one(qc, qs, kq, vis, 0.05)
+    out, lse = emulation._decode_one(qc, qs, kq, vis, 0.05)
     s2 = (qc @ kq.qk_codes.T) * qs[:, None] * s[None, :] * torch.tensor(0.05 * ref.LOG2E)
     m_final = s2.amax(-1)
     num = torch.zeros(R, 512, dtype=torch.float64)
@@ -184,12 +185,12 @@ def _extreme_case(seed, softmax_scale):
     L = 256
     k = (torch.randn(L, 576, generator=gen) / 10).bfloat16()
     c, r, s = ref.quantize_rows(k)
-    kq = ref._QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
-    qc, qs = ref._quantize_q(torch.randn(4, 576, generator=gen).bfloat16(), ref.SNAPMLA)
+    kq = emulation._QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
+    qc, qs = emulation._quantize_q(torch.randn(4, 576, generator=gen).bfloat16(), emulation.SNAPMLA)
     s64 = (qc.double() @ kq.qk_codes.double().T) * qs.double()[:, None] * s.double()[None, :] * softmax_scale
     want = torch.softmax(s64, -1) @ (kq.v_values.double() * s.double()[:, None])
     for mma in ("hopper", "exact"):
-        out, lse = ref._decode_one(qc, qs, kq, torch.full((4,), L), softmax_scale, mma)
+        out, lse = emulation._decode_one(qc, qs, kq, torch.full((4,), L), softmax_scale, mma)
         assert torch.isfinite(out).all() and torch.isfinite(lse).all()
         if mma == "exact":  # (the tensor core's QK adder moves scores by ~1e-3 relative)
             assert ref.rel_l2(out, want) < 3e-2
@@ -200,7 +201,7 @@ def _extreme_case(seed, softmax_scale):
 def test_table2_configs_run_and_stay_sane(seed, config):
     q, k_pages, _, bt, lens = _fp8_case(seed, nan_fill=False)
     out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens)
-    out, lse = ref.mla_decode_emulated(q, k_pages, bt, lens, config=config)
+    out, lse = emulation.mla_decode_emulated(q, k_pages, bt, lens, config=config)
     assert torch.isfinite(out).all()
     assert ref.rel_l2(out, out_x) < 0.1
 
@@ -209,8 +210,8 @@ def test_rope_unaware_config_a_is_clearly_worse_on_paper_style_data():
     gen = torch.Generator().manual_seed(1)
     q, k_pages, bt, lens = make_inputs("paper", 2, 1, 32, 2048, 64, gen)
     out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens)
-    snap = ref.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
-    a = ref.mla_decode_emulated(q, k_pages, bt, lens, config="A")
+    snap = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
+    a = emulation.mla_decode_emulated(q, k_pages, bt, lens, config="A")
     assert ref.lse_max_abs(a[1], lse_x) > 3 * ref.lse_max_abs(snap[1], lse_x)
     assert ref.rel_l2(a[0], out_x) > ref.rel_l2(snap[0], out_x)
 
@@ -225,7 +226,7 @@ def test_metrics():
 
 def test_tensor_core_mma_truncates_like_hopper():
     """Hand-made cases of the fitted WGMMA adder (the fit itself: profiles/experiments/)."""
-    mma = ref.tensor_core_mma
+    mma = tensor_core.tensor_core_mma
     one = torch.tensor([[1.0, 2.0**-6]])
     # 2^-14 is below the 13-bit grid of the largest product (2^0): dropped, where fp32 keeps it
     assert mma(one, torch.tensor([[1.0, 2.0**-8]])).item() == 1.0
@@ -258,18 +259,18 @@ def test_emulation_modes():
     kv, ks = ref.quantize_kv_cache(k)
     bt = torch.zeros(1, 1, dtype=torch.int32)
     L = torch.tensor([50], dtype=torch.int32)
-    o_h, _ = ref.mla_decode_emulated(q, (kv, ks), bt, L)
-    o_x, _ = ref.mla_decode_emulated(q, (kv, ks), bt, L, mma="exact")
+    o_h, _ = emulation.mla_decode_emulated(q, (kv, ks), bt, L)
+    o_x, _ = emulation.mla_decode_emulated(q, (kv, ks), bt, L, mma="exact")
     assert 0 < ref.rel_l2(o_h, o_x) < 1e-2  # different adders, same algorithm
     with pytest.raises(ValueError, match="mma"):
-        ref.mla_decode_emulated(q, k, bt, L, config="A", mma="hopper")
+        emulation.mla_decode_emulated(q, k, bt, L, config="A", mma="hopper")
 
 
 def test_pow2_is_exact_over_the_emulations_exponent_range():
     """The tensor-core adder model truncates at 2^e boundaries; 2^e must be exact on every
     device (torch.ldexp goes through pow(2, e), which CUDA rounds for some e)."""
     e = torch.arange(-1000, 1001)
-    got = ref._pow2(e)
+    got = tensor_core._pow2(e)
     assert got.dtype == torch.float64
     assert got.tolist() == [2.0**int(k) for k in e]
 
@@ -283,12 +284,12 @@ def test_sparse_emulation_is_the_dense_one_over_the_same_list():
     q = torch.randn(b, 1, h, 576).bfloat16()
     bt = torch.stack([torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5])]).int()
     lens = torch.tensor([70, 96], dtype=torch.int32)
-    od, ld = ref.mla_decode_emulated(q, (kv, kv_scale), bt, lens)
+    od, ld = emulation.mla_decode_emulated(q, (kv, kv_scale), bt, lens)
     idx = torch.full((b, 1, 96), -1, dtype=torch.int32)
     for i in range(b):
         slots = (bt[i].long()[:, None] * ps + torch.arange(ps)).flatten()[: int(lens[i])]
         idx[i, 0, : slots.numel()] = slots.int()
-    os_, ls_ = ref.mla_decode_sparse_emulated(q, (kv, kv_scale), idx, topk_length=lens)
+    os_, ls_ = sparse_reference.mla_decode_sparse_emulated(q, (kv, kv_scale), idx, topk_length=lens)
     assert torch.equal(od, os_) and torch.equal(ld, ls_)
 
 
@@ -302,13 +303,13 @@ def test_sparse_reference_semantics():
     q = torch.randn(1, 1, h, 576).bfloat16().repeat(3, 1, 1, 1)
     idx = torch.tensor([[[5, -1, 9, 64, 7]], [[5, 9, 7, 2, 2]], [[-1, -1, -1, -1, -1]]], dtype=torch.int32)
     tl = torch.tensor([5, 3, 5], dtype=torch.int32)
-    ox, lx = ref.mla_decode_sparse_exact(q, k, idx, topk_length=tl)
+    ox, lx = sparse_reference.mla_decode_sparse_exact(q, k, idx, topk_length=tl)
     # request 0 = {5, 9, 7} = request 1's first three
     assert torch.allclose(ox[0], ox[1]) and torch.allclose(lx[0], lx[1])
     assert torch.all(ox[2] == 0) and torch.all(torch.isneginf(lx[2]))
-    dup = ref.mla_decode_sparse_exact(q[1:2], k, idx[1:2])[1]
-    once = ref.mla_decode_sparse_exact(q[1:2], k, idx[1:2, :, :4])[1]
+    dup = sparse_reference.mla_decode_sparse_exact(q[1:2], k, idx[1:2])[1]
+    once = sparse_reference.mla_decode_sparse_exact(q[1:2], k, idx[1:2, :, :4])[1]
     assert torch.all(dup > once)  # token 2 twice: more mass than once
-    oe, le = ref.mla_decode_sparse_emulated(q, (kv, kv_scale), idx, topk_length=tl)
+    oe, le = sparse_reference.mla_decode_sparse_emulated(q, (kv, kv_scale), idx, topk_length=tl)
     assert ref.rel_l2(oe[:2], ox[:2]) < 0.05
     assert torch.all(oe[2] == 0) and torch.all(torch.isneginf(le[2]))

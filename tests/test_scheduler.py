@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from snapmla_cute.kernels.decode_scheduler import SchedulerConfig, schedule_reference
+from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
+from snapmla_cute.planning import schedule_reference
 
 
 # the plan's constants: the split-everywhere plan, and the decode's at 64 and at 8 rows
@@ -64,7 +65,7 @@ def test_parts_are_balanced():
 
 
 def test_default_parts_avoid_splitting_equal_batches():
-    from snapmla_cute.ops import default_num_parts
+    from snapmla_cute.planning import default_num_parts
 
     assert default_num_parts(128, 2, 132) == 64  # 2 requests per part, unsplit, 128 of 132 SMs
     assert default_num_parts(128, 4, 132) == 32
@@ -172,7 +173,7 @@ MEASURED = [
 def test_whole_request_rule_picks_the_faster_plan(b, length, heads, sparse, parts, whole_us, split_us):
     """The rule's constants against the H100's measurements: equal lengths, the plan with
     the lower time (the rows within 1% either way are left out of this table)."""
-    from snapmla_cute.ops import plan_config
+    from snapmla_cute.planning import plan_config
 
     sched, offsets = schedule_reference([length] * b, parts, plan_config(1, heads, sparse=sparse))
     assert (offsets[-1] == b) == (whole_us < split_us), (offsets[-1], whole_us, split_us)
@@ -194,27 +195,29 @@ def test_whole_plan_is_part_p_request_p(cfg):
 
 
 def test_plan_config_of_the_decode_shapes():
-    from snapmla_cute import ops
     from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.planning import plan_config
+    from snapmla_cute.tuning import DECODE_TUNING
 
-    assert ops.plan_config(1, 64) == SchedulerConfig(split_units=6, stream_parts=105)
-    assert ops.plan_config(1, 128) == SchedulerConfig(split_units=6, stream_parts=105)
-    assert ops.plan_config(1, 16) == SchedulerConfig(split_units=2, stream_parts=105)
-    assert ops.plan_config(2, 8) == SchedulerConfig(split_units=2, stream_parts=105)
-    assert ops.plan_config(1, 8, sparse=True) == SchedulerConfig(split_units=1, stream_parts=0)
+    assert plan_config(1, 64) == SchedulerConfig(split_units=6, stream_parts=105)
+    assert plan_config(1, 128) == SchedulerConfig(split_units=6, stream_parts=105)
+    assert plan_config(1, 16) == SchedulerConfig(split_units=2, stream_parts=105)
+    assert plan_config(2, 8) == SchedulerConfig(split_units=2, stream_parts=105)
+    assert plan_config(1, 8, sparse=True) == SchedulerConfig(split_units=1, stream_parts=0)
     assert DecodeConfig(heads=64, s_q=1, page_size=64, causal=False, whole_plans=False).scheduler == SchedulerConfig()
-    ops.DECODE_TUNING.update(whole_plans=False)
+    DECODE_TUNING.update(whole_plans=False)
     try:
-        assert ops.plan_config(1, 64) == SchedulerConfig()
+        assert plan_config(1, 64) == SchedulerConfig()
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_cluster_plan_gives_cluster_c_request_c(k):
     """The cluster plan: parts kc..kc+k-1 take request c's blocks in k near-equal portions
     (some empty for a request shorter than k blocks), one split per request, parts past k·b idle."""
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
+    from snapmla_cute.planning import plan_of
 
     cfg = SchedulerConfig(split_units=6, stream_parts=105, cluster=k)
     lens = [0, 1, 130] + [2000 + 5 * r for r in range(100 // k - 3)]
@@ -234,7 +237,7 @@ def test_cluster_plan_gives_cluster_c_request_c(k):
 def test_default_cluster():
     """Clusters of two where the rule takes the cluster plan at the metadata's lengths, on
     devices whose wave of pairs was measured to fit (132 SMs), with an even part count."""
-    from snapmla_cute.ops import default_cluster, plan_config
+    from snapmla_cute.planning import default_cluster, plan_config
 
     h64, h128 = plan_config(1, 64, cluster=2), plan_config(1, 128, cluster=2)
     assert default_cluster([2048] * 64, 132, h64) == 2  # b64 h64 s_k2048: 54.8 -> 44.9 µs
@@ -261,8 +264,8 @@ MEASURED_CLUSTER = [
 
 @pytest.mark.parametrize("b, length, heads, sparse, parts, cluster_us, other_us", MEASURED_CLUSTER)
 def test_cluster_rule_picks_the_faster_plan(b, length, heads, sparse, parts, cluster_us, other_us):
-    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER, plan_of
-    from snapmla_cute.ops import plan_config
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
+    from snapmla_cute.planning import plan_config, plan_of
 
     plan = plan_of([length] * b, parts, plan_config(1, heads, sparse=sparse, cluster=2))
     assert (plan == PLAN_CLUSTER) == (cluster_us < other_us), plan

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from snapmla_cute import FP8KVCache, mla_decode_sparse, quantize_q, sparse_decode_metadata
+from snapmla_cute import FP8KVCache, mla_decode_sparse, quantize_q, sparse_decode_metadata, sparse_reference
 from snapmla_cute import reference as ref
 from snapmla_cute.sparse import SPARSE_HEADS
 
@@ -56,8 +56,9 @@ def build_sparse_case(b, s_q, h, page_size, ctx, topk, *, seed=0, dup=False, min
 
 def check_sparse(c, out, lse, *, softmax_scale=None):
     kw = dict(topk_length=c["topk_length"], softmax_scale=softmax_scale)
-    ox, lx = ref.mla_decode_sparse_exact(c["q"], c["k_pages"], c["indices"], **kw)
-    oe, le = ref.mla_decode_sparse_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["indices"], **kw)
+    ox, lx = sparse_reference.mla_decode_sparse_exact(c["q"], c["k_pages"], c["indices"], **kw)
+    oe, le = sparse_reference.mla_decode_sparse_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["indices"],
+                                                         **kw)
     assert not torch.isnan(out.float()).any(), "output not fully written, or NaN leaked"
     assert not torch.isnan(lse).any()
     got = out.float()
@@ -167,16 +168,16 @@ def test_gather_without_the_l2_hint(seed):
     """``DecodeConfig.kv_evict_first=False``: the gather's cp.async at L2's default policy
     (the default hints evict-first at one query token per request): the same output and LSE
     bit for bit, over a list split across CTAs."""
-    import snapmla_cute.ops as ops
+    from snapmla_cute.tuning import DECODE_TUNING
 
     c = build_sparse_case(2, 1, 64, 64, 6000, 5000, seed=seed, minus_one=0.01)
     out, lse = run_sparse(c)
     check_sparse(c, out, lse)
-    ops.DECODE_TUNING.update(kv_evict_first=False)
+    DECODE_TUNING.update(kv_evict_first=False)
     try:
         out2, lse2 = run_sparse(c)
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
 
 
@@ -243,9 +244,9 @@ def test_custom_op(seed):
 def test_cluster_plan(seed):
     """Lists that fill half the SMs: the metadata launches in clusters of two and each list's
     halves merge on-chip (distributed shared memory), against the emulation and float64."""
-    from snapmla_cute import ops
+    from snapmla_cute.planning import CLUSTER_SM_COUNTS
 
-    if torch.cuda.get_device_properties(0).multi_processor_count not in ops.CLUSTER_SM_COUNTS:
+    if torch.cuda.get_device_properties(0).multi_processor_count not in CLUSTER_SM_COUNTS:
         pytest.skip("clusters of two are not launched on this device")
     b, h, topk = 40, 64, 1500
     c = build_sparse_case(b, 1, h, 64, 4000, topk, seed=seed, minus_one=0.01, lengths=[topk, 0, 700])

@@ -49,9 +49,10 @@ def test_append_and_dequant_reject_cpu_and_types():
 def test_every_tuning_change_drops_the_compiled_steps():
     """DECODE_TUNING changes the compiled code: every way of mutating it must empty the hot
     path's table, or a call would keep running the old kernel."""
-    import snapmla_cute.ops as ops
+    from snapmla_cute.decode import _hot_steps
+    from snapmla_cute.tuning import DECODE_TUNING
 
-    saved = dict(ops.DECODE_TUNING)
+    saved = dict(DECODE_TUNING)
     try:
         mutations = [
             lambda t: t.__setitem__("kv_stages", 3),
@@ -63,15 +64,15 @@ def test_every_tuning_change_drops_the_compiled_steps():
             lambda t: t.__delitem__("kv_stages"),
             lambda t: t.clear(),
         ]
-        ops.DECODE_TUNING.update(kv_stages=4, pv_temps=1, qk_early=True)
+        DECODE_TUNING.update(kv_stages=4, pv_temps=1, qk_early=True)
         for mutate in mutations:
-            ops._hot_steps["sentinel"] = object()
-            mutate(ops.DECODE_TUNING)
-            assert "sentinel" not in ops._hot_steps, mutate
+            _hot_steps["sentinel"] = object()
+            mutate(DECODE_TUNING)
+            assert "sentinel" not in _hot_steps, mutate
     finally:
-        ops.DECODE_TUNING.clear()
-        ops.DECODE_TUNING.update(saved)
-        ops._hot_steps.pop("sentinel", None)
+        DECODE_TUNING.clear()
+        DECODE_TUNING.update(saved)
+        _hot_steps.pop("sentinel", None)
 
 
 def test_step_arguments_one_builder_for_every_path():
@@ -81,24 +82,24 @@ def test_step_arguments_one_builder_for_every_path():
     import math
     from types import SimpleNamespace
 
-    import snapmla_cute.ops as ops
+    from snapmla_cute.decode import _step_args
 
     t = [torch.zeros(1) for _ in range(10)]
     cache = SimpleNamespace(step_args=(t[0], t[1]), page_size=64)
     md = SimpleNamespace(q_args=(t[2], t[3], t[4]), step_args=(t[5], t[6]))
     qq = (t[7], t[8], t[9])
     bt, lens, out, lse = (torch.zeros(1) for _ in range(4))
-    a = ops._step_args(qq, cache, bt, lens, md, out, lse, None)
-    b = ops._step_args(list(qq), cache, bt, lens, md, out, lse, None)
+    a = _step_args(qq, cache, bt, lens, md, out, lse, None)
+    b = _step_args(list(qq), cache, bt, lens, md, out, lse, None)
     assert a[0] is False and b[0] is False and len(a[1]) == len(b[1]) == 14
     assert all(x is y for x, y in zip(a[1], b[1]))
     assert a[1][:7] == (*qq, bt, lens, out, lse) and a[1][7:11] == (t[0], t[1], t[5], t[6])
     assert a[1][11] == pytest.approx(576**-0.5 * math.log2(math.e))
     assert a[1][12:] == (None, None)  # no visible counts, no bf16 query
     vis = torch.zeros(1)
-    assert ops._step_args(qq, cache, bt, lens, md, out, lse, None, vis)[1][12:] == (vis, None)
+    assert _step_args(qq, cache, bt, lens, md, out, lse, None, vis)[1][12:] == (vis, None)
     q = torch.zeros(1)
-    bf16_q, args = ops._step_args(q, cache, bt, lens, md, out, lse, 0.1)
+    bf16_q, args = _step_args(q, cache, bt, lens, md, out, lse, 0.1)
     # the bf16 query goes last, after the (absent) visible counts: the step quantizes it
     # into the metadata's query buffers, which take the quantized query's place
     assert bf16_q is True and args[:3] == (t[2], t[3], t[4]) and args[3:7] == (bt, lens, out, lse)
@@ -109,12 +110,13 @@ def test_step_arguments_one_builder_for_every_path():
 @pytest.fixture
 def no_cuda_check(monkeypatch):
     """CPU stand-in for the decode checks that come after the CUDA-device one."""
-    import snapmla_cute.ops as ops
+    import snapmla_cute.fused as fused
+    import snapmla_cute.planning as planning
     import snapmla_cute.sparse as sp
+    import snapmla_cute.validation as validation
 
-    monkeypatch.setattr(ops, "_check_cuda", lambda **k: None)
-    monkeypatch.setattr(sp, "_check_cuda", lambda **k: None)
-    return ops
+    for module in (fused, planning, sp, validation):
+        monkeypatch.setattr(module, "_check_cuda", lambda **k: None)
 
 
 def _dense_case(lens, table, num_pages=4):
@@ -127,8 +129,9 @@ def test_block_table_ids_are_checked_where_requests_have_tokens(no_cuda_check):
     """An id outside the cache would read as a zero key (score 0, counted): check=True
     rejects it in a column a request uses, before any launch; unused columns may hold anything."""
     from snapmla_cute import mla_decode
+    from snapmla_cute.checks import check_values
+    from snapmla_cute.validation import _table_stats
 
-    ops = no_cuda_check
     out = torch.full((2, 1, 16, 512), float("nan"), dtype=torch.bfloat16)
     for table, lens, where in (([[0, 1], [2, 999]], [100, 65], "got 999 at request 1, column 1"),
                                ([[-5, 1], [2, 3]], [1, 128], "got -5 at request 0, column 0")):
@@ -137,13 +140,13 @@ def test_block_table_ids_are_checked_where_requests_have_tokens(no_cuda_check):
             mla_decode(q, cache, bt, cl, out=out)
         assert torch.isnan(out.float()).all()  # nothing written
     q, cache, bt, cl = _dense_case([100, 64, 0], [[0, 1], [2, 999], [-1, -1]])
-    ops._check_values(extra=ops._table_stats(bt, cl, cache))  # only used columns count
+    check_values(extra=_table_stats(bt, cl, cache))  # only used columns count
     q, cache, bt, cl = _dense_case([100, 200], [[0, 1], [2, 3]])
     with pytest.raises(ValueError, match="block_table: a sequence of 200 tokens needs 4 pages, table has 2 columns"):
-        ops._check_values(extra=ops._table_stats(bt, cl, cache))
+        check_values(extra=_table_stats(bt, cl, cache))
     q, cache, bt, cl = _dense_case([100, -3], [[0, 1], [2, 3]])
     with pytest.raises(ValueError, match="cache_seqlens: expected values >= 0, got min -3"):
-        ops._check_values(extra=ops._table_stats(bt, cl, cache))
+        check_values(extra=_table_stats(bt, cl, cache))
 
 
 def test_quantized_query_values_are_checked(no_cuda_check):
@@ -185,27 +188,27 @@ def test_softmax_scale_and_output_memory_are_checked(no_cuda_check):
 
 
 def test_decode_metadata_checks_its_shape():
-    import snapmla_cute.ops as ops
+    from snapmla_cute.planning import decode_metadata
 
     lens = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match="s_q: expected an int in \\[1, 8\\], got 0"):
-        ops.decode_metadata(lens, s_q=0, heads=16)
+        decode_metadata(lens, s_q=0, heads=16)
     with pytest.raises(ValueError, match="heads: expected one of .*, got 7"):
-        ops.decode_metadata(lens, s_q=1, heads=7)
+        decode_metadata(lens, s_q=1, heads=7)
 
 
 def test_plan_buffers_from_the_caller_are_checked():
     """The custom ops wrap buffers they are handed: one too short for the plan's splits (or
     a batch past the planner's shared memory) is refused, not written past."""
-    import snapmla_cute.ops as ops
     import snapmla_cute.sparse as sp
     from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
+    from snapmla_cute.planning import DecodeMetadata
 
     b, h, parts = 4, 16, 8
     bufs = dict(sched=torch.zeros(parts, 8, dtype=torch.int32), split_offsets=torch.zeros(b + 1, dtype=torch.int32),
                 o_partial=torch.empty(b + parts, h, 512), lse_partial=torch.empty(b + parts, h),
                 counters=torch.zeros(b, 2, dtype=torch.int32))
-    md = ops.DecodeMetadata.from_buffers(*bufs.values(), s_q=1, heads=h)
+    md = DecodeMetadata.from_buffers(*bufs.values(), s_q=1, heads=h)
     assert (md.batch, md.num_parts) == (b, parts)
     bad = [
         (dict(o_partial=torch.empty(b + parts - 1, h, 512), lse_partial=torch.empty(b + parts - 1, h)),
@@ -220,7 +223,7 @@ def test_plan_buffers_from_the_caller_are_checked():
     ]
     for change, msg in bad:
         with pytest.raises((ValueError, TypeError), match=msg):
-            ops.DecodeMetadata.from_buffers(*dict(bufs, **change).values(), s_q=1, heads=h)
+            DecodeMetadata.from_buffers(*dict(bufs, **change).values(), s_q=1, heads=h)
     s_q = 2
     sbufs = dict(sched=torch.zeros(parts, 8, dtype=torch.int32),
                  split_offsets=torch.zeros(b * s_q + 1, dtype=torch.int32),
@@ -238,7 +241,6 @@ def test_plan_buffers_from_the_caller_are_checked():
 def test_sparse_hot_path_explains_bad_indices(no_cuda_check, monkeypatch):
     """With check=False and a compiled step at hand, indices that are not a tensor fall back to
     the Python checks (a clear error), not an AttributeError."""
-    import snapmla_cute.ops as ops
     import snapmla_cute.sparse as sp
 
     b, s_q, h = 2, 1, 16
@@ -249,7 +251,7 @@ def test_sparse_hot_path_explains_bad_indices(no_cuda_check, monkeypatch):
         torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512),
         torch.empty(3, h), torch.zeros(b, s_q, 2, dtype=torch.int32), torch.full((b,), 4, dtype=torch.int32),
         s_q=s_q, heads=h, topk=4)
-    monkeypatch.setitem(ops._hot_sparse, (h, s_q, False), lambda *a: pytest.fail("launched"))
+    monkeypatch.setitem(sp._hot_sparse, (h, s_q, False), lambda *a: pytest.fail("launched"))
     out = torch.empty(b, s_q, h, 512, dtype=torch.bfloat16)
     lse = torch.empty(b, h, s_q)
     with pytest.raises(TypeError, match="indices: expected a torch.Tensor, got list"):
@@ -275,15 +277,16 @@ def test_context_parallel_rank_must_be_the_process_rank(monkeypatch):
 def test_lengths_past_the_plans_range_are_refused(no_cuda_check):
     """The plan counts blocks in int32: lengths above MAX_SEQLEN (its sums could wrap) are
     refused with check=True, as sparse lists longer than that."""
-    import snapmla_cute.ops as ops
     import snapmla_cute.sparse as sp
+    from snapmla_cute.checks import check_values
     from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, MAX_SEQLEN
+    from snapmla_cute.validation import _table_stats
 
     assert MAX_BATCH * (MAX_SEQLEN // 64 + 5) < 2**31
     cache = FP8KVCache.allocate(1, 64, device="cpu")
     bt = torch.zeros(1, 0, dtype=torch.int32)
     with pytest.raises(ValueError, match=f"cache_seqlens: expected values <= {MAX_SEQLEN} .*, got max {MAX_SEQLEN + 1}"):
-        ops._check_values(extra=ops._table_stats(bt, torch.tensor([MAX_SEQLEN + 1], dtype=torch.int32), cache))
+        check_values(extra=_table_stats(bt, torch.tensor([MAX_SEQLEN + 1], dtype=torch.int32), cache))
     with pytest.raises(ValueError, match=f"topk: expected an int in \\[1, {MAX_SEQLEN}\\]"):
         sp.sparse_decode_metadata(1, 1, 16, MAX_SEQLEN + 1, device="cpu")
 

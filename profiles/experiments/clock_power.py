@@ -15,7 +15,7 @@ import time
 
 import torch
 
-import snapmla_cute.ops as ops
+import snapmla_cute.tuning as ops
 from snapmla_cute.profiling import SHAPES, make_case
 
 QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"

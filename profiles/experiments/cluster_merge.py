@@ -16,10 +16,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 from decode_cases import build_case, references  # noqa: E402
 
-from snapmla_cute import decode_metadata, mla_decode, ops  # noqa: E402
+from snapmla_cute import decode_metadata, mla_decode  # noqa: E402
+from snapmla_cute import planning as ops  # noqa: E402  its DECODE_TUNING is tuning.DECODE_TUNING
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.bench import time_us  # noqa: E402
-from snapmla_cute.kernels.decode_scheduler import schedule_reference  # noqa: E402
+from snapmla_cute.planning import schedule_reference  # noqa: E402
 from snapmla_cute.profiling import Shape, make_case, make_sparse_case  # noqa: E402
 
 # (b, h, s_k, topk, k, parts): dense where topk is 0

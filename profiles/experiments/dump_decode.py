@@ -14,8 +14,8 @@ import torch
 sys.path.insert(0, "tests")
 from decode_cases import build_case  # noqa: E402
 
-import snapmla_cute.ops as ops  # noqa: E402
-from snapmla_cute import decode_metadata, mla_decode, quantize_q  # noqa: E402
+import snapmla_cute.tuning as ops  # noqa: E402
+from snapmla_cute import decode_metadata, emulation, mla_decode, quantize_q  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
 from snapmla_cute.bench import time_us  # noqa: E402
 
@@ -48,7 +48,7 @@ def main(path):
         for (b, s_q, h, ps, lens, causal), c, d in zip(CASES, cases, dump["cases"]):
             out, lse = mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], causal=causal)
             d["outs"][vi] = (out.cpu(), lse.cpu())
-            oe, le = ref.mla_decode_emulated(
+            oe, le = emulation.mla_decode_emulated(
                 c["q"], (c["cache"].kv, c["cache"].kv_scale), c["block_table"], c["cache_seqlens"], causal=causal
             )
             errs.append(f"{ref.rel_l2(out.float(), oe.bfloat16().float()):.2e}")

@@ -8,7 +8,7 @@ query. ``ffi_cost.py`` splits the bare call further (per tensor argument, per la
     python3 profiles/experiments/host_overhead.py
 """
 
-import snapmla_cute.ops as ops
+import snapmla_cute.decode as ops
 from snapmla_cute.bench import host_us_per_call
 from snapmla_cute.profiling import Shape, make_case
 

@@ -27,7 +27,7 @@ def main():
     dense = [tuple(int(v) for v in r.split(",")) for r in a.dense] if a.dense is not None else DENSE
     sparse = [tuple(int(v) for v in r.split(",")) for r in a.sparse] if a.sparse is not None else SPARSE
 
-    import snapmla_cute.ops as ops
+    import snapmla_cute.tuning as ops
     from snapmla_cute.bench import time_us
     from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 

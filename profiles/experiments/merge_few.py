@@ -10,7 +10,7 @@ partials' format too.
 """
 from tabulate import tabulate
 
-from snapmla_cute import ops
+from snapmla_cute import tuning as ops
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 

@@ -22,7 +22,7 @@ from decode_cases import build_case, references  # noqa: E402
 
 from snapmla_cute import decode_metadata, mla_decode  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
-from snapmla_cute.ops import DecodeMetadata  # noqa: E402
+from snapmla_cute.planning import DecodeMetadata  # noqa: E402
 
 EMU_REL, EMU_LSE = 2e-3, 1e-3
 
@@ -31,7 +31,7 @@ import sys, torch
 sys.path.insert(0, "tests")
 from decode_cases import build_case
 from snapmla_cute import mla_decode
-from snapmla_cute.ops import DecodeMetadata
+from snapmla_cute.planning import DecodeMetadata
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 c = build_case(2, 1, 128, 64, [0, 0], seed=1)
 md = DecodeMetadata(2, 1, 128, 2 * sms, "cuda")  # 4 x SMs CTAs of one per SM: cannot all be resident

@@ -17,7 +17,7 @@ Every variant is compiled first in parallel processes (disk cache), then timed.
 
 import argparse
 
-from snapmla_cute import ops
+from snapmla_cute import tuning as ops
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 

@@ -14,8 +14,8 @@ import argparse
 
 import torch
 
-import snapmla_cute.ops as ops
-from snapmla_cute import decode_metadata
+import snapmla_cute.planning as ops
+from snapmla_cute import decode_metadata, mla_decode
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case
 
@@ -40,7 +40,7 @@ def main():
             row = []
             for p in parts:
                 md = decode_metadata(lens, s_q=1, heads=a.heads, num_parts=p)
-                row.append(time_us(lambda: ops.mla_decode(q, cache, bt, lens, metadata=md, out=out, lse=lse, check=False)))
+                row.append(time_us(lambda: mla_decode(q, cache, bt, lens, metadata=md, out=out, lse=lse, check=False)))
             print(f"{b:3d} {L:6d} " + " ".join(f"{us:7.1f}" for us in row), flush=True)
 
 

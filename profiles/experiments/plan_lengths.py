@@ -11,7 +11,7 @@ The last column replays the plan with each length clamped to [0, MAX_SEQLEN] fir
 """
 from tabulate import tabulate
 
-from snapmla_cute.kernels.decode_scheduler import clamp_len_host
+from snapmla_cute.planning import clamp_len_host
 
 OV = 5  # SchedulerConfig.fixed_overhead_blocks
 

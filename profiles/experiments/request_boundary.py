@@ -5,7 +5,7 @@ and the sensitivity to the KV ring depth (3 vs 4 stages).
     python3 profiles/experiments/request_boundary.py
 """
 
-import snapmla_cute.ops as ops
+import snapmla_cute.decode as ops  # its DECODE_TUNING is tuning.DECODE_TUNING
 from snapmla_cute import decode_metadata
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case

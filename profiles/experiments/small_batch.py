@@ -4,7 +4,7 @@ every compute stage left out (the fixed cost of a CTA: launch, plan, loads, merg
     python3 profiles/experiments/small_batch.py
 """
 
-import snapmla_cute.ops as ops
+import snapmla_cute.decode as ops  # its DECODE_TUNING is tuning.DECODE_TUNING
 from snapmla_cute import decode_metadata
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case

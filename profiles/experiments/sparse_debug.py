@@ -3,7 +3,7 @@ import sys
 import torch
 sys.path.insert(0, "tests")
 from test_sparse_gpu import build_sparse_case
-from snapmla_cute import mla_decode_sparse, sparse_decode_metadata
+from snapmla_cute import mla_decode_sparse, sparse_decode_metadata, sparse_reference
 from snapmla_cute import reference as ref
 
 rows = []
@@ -14,7 +14,7 @@ def run(name, h, b, s_q, topk, ctx=1000, num_parts=None, minus_one=0.0, sort=Fal
     md = sparse_decode_metadata(b, s_q, h, topk, num_parts=num_parts)
     out, lse = mla_decode_sparse(c["q"], c["cache"], c["indices"], metadata=md)
     torch.cuda.synchronize()
-    oe, le = ref.mla_decode_sparse_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["indices"])
+    oe, le = sparse_reference.mla_decode_sparse_emulated(c["q"], (c["cache"].kv, c["cache"].kv_scale), c["indices"])
     err = ref.rel_l2(out.float(), oe.bfloat16().float())
     lerr = ref.lse_max_abs(lse, le)
     per_head = [round(ref.rel_l2(out[0, 0, i].float(), oe[0, 0, i]), 3) for i in range(0, h, max(1, h // 8))]

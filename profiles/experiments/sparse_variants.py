@@ -20,7 +20,7 @@ import sys
 
 from tabulate import tabulate
 
-from snapmla_cute import ops
+from snapmla_cute import tuning as ops
 from snapmla_cute.bench import measure_copy_tbps, time_us
 from snapmla_cute.bench_sparse import BATCH1_TARGET_US, FEW_HEAD_FLOOR_SHARE, FEW_HEAD_SHAPES, _dense_us, \
     sparse_floor_us

@@ -5,7 +5,7 @@ scheduler kernel (`DecodeMetadata.update`; not part of a step, which plans in-ke
     python3 profiles/experiments/stage_times.py
 """
 
-import snapmla_cute.ops as ops
+import snapmla_cute.tuning as ops
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import SHAPES, Shape, make_case
 

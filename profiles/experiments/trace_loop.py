@@ -14,7 +14,7 @@ import json
 
 import torch
 
-import snapmla_cute.ops as ops
+import snapmla_cute.tuning as ops
 from snapmla_cute.bench import time_us
 from snapmla_cute.kernels.decode.trace import LOOP_BLOCKS, LOOP_EVENTS, LOOP_ITERS, LOOP_PROD, trace_words
 from snapmla_cute.profiling import SHAPES, Shape, make_case

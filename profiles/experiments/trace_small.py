@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-import snapmla_cute.ops as ops
+import snapmla_cute.decode as ops  # its DECODE_TUNING is tuning.DECODE_TUNING
 from snapmla_cute import decode_metadata
 from snapmla_cute.bench import time_us
 from snapmla_cute.kernels.decode.trace import TRACE_EVENTS, trace_words

@@ -13,7 +13,8 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from trace_small import summarize  # noqa: E402
 
-from snapmla_cute import mla_decode_sparse, ops, sparse_decode_metadata  # noqa: E402
+from snapmla_cute import mla_decode_sparse, sparse_decode_metadata  # noqa: E402
+from snapmla_cute import tuning as ops  # noqa: E402
 from snapmla_cute.bench import time_us  # noqa: E402
 from snapmla_cute.bench_sparse import FEW_HEAD_SHAPES, sparse_case  # noqa: E402
 from snapmla_cute.kernels.decode.trace import TRACE_EVENTS, trace_words  # noqa: E402

@@ -14,7 +14,8 @@ import json
 
 import torch
 
-import snapmla_cute.ops as ops
+import snapmla_cute.tuning as ops
+from snapmla_cute import emulation
 from snapmla_cute import reference as ref
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import SHAPES, Shape, make_case
@@ -52,7 +53,7 @@ DEFAULT_VARIANTS = {
 def check(c, shape) -> float:
     n = min(shape.batch, 2)
     c["step"]()
-    emu = ref.mla_decode_emulated(
+    emu = emulation.mla_decode_emulated(
         c["q_bf16"][:n], (c["cache"].kv, c["cache"].kv_scale), c["block_table"][:n], c["seqlens"][:n],
         causal=shape.causal,
     )

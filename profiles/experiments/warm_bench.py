@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 def one(item):
     """Run one call of ``item`` (compiles its variant into the disk cache)."""
-    from snapmla_cute import ops
+    from snapmla_cute import tuning as ops
     from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 
     kind, args, tuning = item

@@ -8,7 +8,7 @@ plan the rule picked (splits written = lists: whole requests) and what it gained
 
 import argparse
 
-from snapmla_cute import ops
+from snapmla_cute import tuning as ops
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 

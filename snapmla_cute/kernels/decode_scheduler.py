@@ -37,7 +37,8 @@ Output ``sched``         int32 [num_parts, SCHED_FIELDS]:
           of the partial buffers); at most b + num_parts - 1 in all.
 The whole-request rule's two parameters come as scalars (``split_units`` 0: never whole), so
 one compiled scheduler serves every decode shape; the decode kernel plans with its own
-``DecodeConfig.scheduler`` values as constants.
+``DecodeConfig.scheduler`` values as constants. The same plan in plain Python, for tests and
+the host's choices, is ``snapmla_cute.planning.schedule_reference`` (and ``plan_of``).
 """
 
 from dataclasses import dataclass
@@ -369,11 +370,6 @@ def clamp_len(seqlen):
     return cutlass.min(cutlass.max(seqlen, 0), MAX_SEQLEN)
 
 
-def clamp_len_host(seqlen) -> int:
-    """``clamp_len`` on the host (a DSL function does not run on Python ints)."""
-    return min(max(int(seqlen), 0), MAX_SEQLEN)
-
-
 def fake_args(config: SchedulerConfig):
     i32 = cutlass.Int32
     return (
@@ -389,68 +385,3 @@ def fake_args(config: SchedulerConfig):
 def compile(config: SchedulerConfig = SchedulerConfig(), *, arch: str | None = None, keep_sass: bool = False):
     """The compiled scheduler for ``config`` (cached in memory and on disk: ``jit_cache``)."""
     return jit_cache.compile_kernel(NAME, config, DecodeSchedulerKernel, fake_args, arch=arch, keep_sass=keep_sass)
-
-
-def whole_requests_host(total: int, c_max: int, batch: int, num_parts: int, split_units: int, stream_parts: int,
-                        cluster: int = 1, ov: int = 5) -> int:
-    """``DecodeSchedulerKernel.whole_requests`` on the host: ``PLAN_SPLIT``, ``PLAN_WHOLE`` or
-    ``PLAN_CLUSTER``."""
-    if split_units <= 0 or batch > num_parts:
-        return PLAN_SPLIT
-    s = min(num_parts, stream_parts) if stream_parts > 0 else num_parts
-    w = max(-(-total // num_parts), 1)
-    n_s = batch + -(-total // w) - 1
-    t_split = max(w, -(-(total + n_s * split_units) // s)) + SPLIT_FIXED_UNITS
-    t_whole = max(c_max, -(-total // s))
-    res, best = (PLAN_WHOLE, t_whole) if t_whole <= t_split else (PLAN_SPLIT, t_split)
-    if cluster > 1 and batch * cluster <= num_parts:
-        t_cl = max(-(-(c_max - ov) // cluster) + ov, -(-total // s))
-        if t_cl + CLUSTER_FIXED_UNITS <= best:
-            res = PLAN_CLUSTER
-    return res
-
-
-def plan_of(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()) -> int:
-    """The plan the rule takes for these lengths (``PLAN_SPLIT``, ``PLAN_WHOLE`` or
-    ``PLAN_CLUSTER``), as the kernel computes it: clamped lengths, blocks plus overhead."""
-    ov = cfg.fixed_overhead_blocks
-    units = [(clamp_len_host(x) + cfg.block_n - 1) // cfg.block_n + ov for x in cache_seqlens]
-    return whole_requests_host(sum(units), max(units, default=0), len(units), num_parts, cfg.split_units,
-                               cfg.stream_parts, cfg.cluster, ov)
-
-
-def schedule_reference(cache_seqlens, num_parts: int, cfg: SchedulerConfig = SchedulerConfig()):
-    """The same plan in plain Python: ``(sched rows, split_offsets)``, for tests and planning."""
-    lens = [clamp_len_host(x) for x in cache_seqlens]
-    ov = cfg.fixed_overhead_blocks
-    n_blocks = [(L + cfg.block_n - 1) // cfg.block_n for L in lens]
-    pre = [0]
-    for n in n_blocks:
-        pre.append(pre[-1] + n + ov)
-    total = pre[-1]
-    width = max((total + num_parts - 1) // num_parts, 1)
-    plan = plan_of(lens, num_parts, cfg)
-    if plan != PLAN_SPLIT:
-        k = cfg.cluster if plan == PLAN_CLUSTER else 1
-        rows = [[r, q * n_blocks[r] // k, r, (q + 1) * n_blocks[r] // k, 0, 0, 0, 0]
-                for r in range(len(lens)) for q in range(k)]
-        rows += [[len(lens), 0, 0, 0, 0, 0, 0, 0]] * (num_parts - len(rows))
-        return rows[:num_parts], list(range(len(lens) + 1))
-    offsets = [0]
-    for r, n in enumerate(n_blocks):
-        first = pre[r] + ov
-        offsets.append(offsets[-1] + ((pre[r + 1] - 1) // width - first // width + 1 if n else 1))
-    sched = []
-    for p in range(num_parts):
-        u0, u1 = p * width, min(p * width + width, total)
-        if u0 >= total:
-            sched.append([len(lens), 0, 0, 0, 0, 0, 0, 0])
-            continue
-        b = max(r for r in range(len(lens)) if pre[r] <= u0)
-        first = pre[b] + ov
-        split = p - first // width if (n_blocks[b] and u0 > first) else 0
-        keys = [pre[r] + ov - (1 if n_blocks[r] == 0 else 0) for r in range(len(lens))]
-        e = max((r for r in range(len(lens)) if keys[r] < u1), default=-1)
-        e_blk = min(n_blocks[e], u1 - pre[e] - ov) if e >= 0 else 0
-        sched.append([b, max(u0 - first, 0), e, e_blk, split, 0, 0, 0])
-    return sched, offsets

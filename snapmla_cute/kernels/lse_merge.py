@@ -103,7 +103,8 @@ class LseMergeKernel:
 
 def fake_args(config: LseMergeConfig):
     """Natural (contiguous PyTorch) layouts; W and the batch symbolic, the gathered batch its
-    own size (a call whose shapes disagree is rejected by ``ops``' checks first)."""
+    own size (a call whose shapes disagree is rejected by ``distributed.merge_partials``' checks
+    first)."""
     s_q, h = config.s_q, config.heads
     R = s_q * h
     W, b, wb = fake.sym(), fake.sym(), fake.sym()

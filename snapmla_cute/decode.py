@@ -1,0 +1,209 @@
+"""Public torch API of the paged FP8 decode: ``mla_decode`` (validate, plan, fetch the
+compiled step, launch) and ``warmup`` (compile ahead of traffic).
+
+Every check runs before any launch, so a bad call raises and writes nothing. Checks that
+need the tensors' values (finite inputs, block-table ids, lengths) read them back to the
+host; they are skipped while a CUDA graph is being captured (no host sync is allowed there)
+and can be switched off with ``check=False`` on hot paths. The kernels themselves never
+write outside the cache, whatever the values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from snapmla_cute.checks import capturing as _capturing
+from snapmla_cute.checks import check_capture_ready as _check_capture_ready
+from snapmla_cute.checks import check_values as _check_values
+from snapmla_cute.format import CONTENT_DIM
+from snapmla_cute.fused import quantize_q
+from snapmla_cute.kernels import append_kv as _append_kv
+from snapmla_cute.kernels import decode_scheduler as _scheduler
+from snapmla_cute.kernels import dequant_kv as _dequant_kv
+from snapmla_cute.kernels import quant_q as _quant_q
+from snapmla_cute.kv_cache import FP8KVCache
+from snapmla_cute.planning import HEADS, DecodeMetadata, _check_cluster_parts, decode_metadata
+from snapmla_cute.tuning import DECODE_TUNING, _hot_table, _launcher
+from snapmla_cute.validation import _query_values, _table_stats, _validate_decode
+
+_hot_steps = _hot_table()  # (heads, s_q, page_size, causal, bf16 q, visible, cluster) -> compiled decode step
+_LOG2E = 1.4426950408889634
+_DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
+
+
+def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False, visible: bool = False,
+                   cluster: int = 1):
+    """The compiled step (``decode_step``, or ``decode_step_q`` which quantizes a bf16 query
+    first; ``visible``: causal by given visible-key counts, quantized query only), registered
+    for the hot path."""
+    tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
+
+    from snapmla_cute.kernels.decode import compile as decode_compile
+
+    def make():
+        from snapmla_cute.kernels.decode import DecodeConfig
+        from snapmla_cute.kernels.decode.step import DecodeStepConfig
+
+        extra = {"visible": True} if visible else {}
+        kw = {"cluster": cluster, **DECODE_TUNING}
+        if visible:
+            kw["cluster"] = 1  # the context-parallel step: plain launches
+        return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **extra, **kw))
+
+    step = decode_compile.compile_step_q if bf16_q else decode_compile.compile_step
+    fn = _launcher(step, (heads, s_q, page_size, causal, tuning, cluster) + (("visible",) if visible else ()), make)
+    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible, cluster)] = fn
+    return fn
+
+
+def mla_decode(
+    q,
+    cache: FP8KVCache,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    visible: torch.Tensor | None = None,
+    metadata: DecodeMetadata | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SnapMLA FP8 paged decode.
+
+    ``q``: bf16 ``[b, s_q, h, 576]`` (quantized here by the fused kernel) or the tuple
+    ``(q_nope, q_rope, q_scale)`` returned by :func:`quantize_q`. ``block_table`` int32
+    ``[b, max_pages]``, ``cache_seqlens`` int32 ``[b]`` (0 allowed: zero output, -inf LSE).
+    With ``causal``, query token ``i`` of ``s_q`` sees keys ``< L - s_q + i + 1``, or, with
+    ``visible`` (int32 ``[b, s_q]``, contiguous), keys ``< visible[b, i]``: a cache holding
+    only some of a request's tokens (a context-parallel shard) whose causal limit is set by
+    global positions (``snapmla_cute.distributed``). Each count is clamped to
+    ``[L - s_q + i + 1, L]``: token ``i`` may hide only keys among the cache's last
+    ``s_q - 1 - i`` (true of any shard of a causal window), so no value reads outside it.
+    ``softmax_scale`` defaults to 576^-0.5. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and
+    ``lse`` fp32 ``[b, h, s_q]`` (natural log).
+
+    ``check`` reads values back to the host in one sync: ``cache_seqlens`` in
+    ``[0, decode_scheduler.MAX_SEQLEN]`` and within the block table, the table's page ids in
+    the cache where a request has tokens, the query finite (skipped under CUDA-graph
+    capture). ``out``/``lse`` must not share memory with each other, the query or the cache.
+    Without the check the kernel clamps each length to ``[0, MAX_SEQLEN]`` (a negative one is
+    an empty request). With ``check=False``, a quantized ``q`` tuple and
+    ``metadata``/``out``/``lse`` given, a call is one TVM-FFI call and nothing else: the
+    compiled step's argument decoder checks every tensor's dtype, shape, strides, alignment
+    and device (batch sizes tied across arguments) before anything launches, and a rejected
+    call is explained by the same Python checks as the other paths (same errors, nothing
+    written).
+    """
+    if not check and metadata is not None and out is not None and lse is not None:
+        try:
+            bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
+            fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None,
+                             _launch_cluster(metadata, visible))]
+        except (KeyError, AttributeError, TypeError):
+            fn = None  # first call of this shape, or bad arguments: the full path below
+        if fn is not None:
+            try:
+                fn(*args)
+            except Exception:
+                _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal,
+                                 visible)
+                raise  # the Python checks found nothing: the compiled call's own error stands
+            return out, lse
+    b, s_q, h, q_dev = _validate_decode(
+        q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal, visible
+    )
+    if check and b and not _capturing():
+        _check_values(finite=_query_values(q), extra=_table_stats(block_table, cache_seqlens, cache))
+    _check_capture_ready("mla_decode", "decode_metadata", metadata, out, lse)
+    if metadata is None:
+        # the cluster choice reads the lengths: only where check already syncs
+        metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h, cluster=None if check else 1)
+    bf16_q = not isinstance(q, (tuple, list))
+    if bf16_q:
+        if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
+            q, bf16_q = quantize_q(q, check=False), False
+        elif visible is not None:  # the visible step takes a quantized query
+            q, bf16_q = quantize_q(q, check=False, out=metadata.q_args), False
+    if out is None:
+        out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=q_dev)
+    if lse is None:
+        lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
+    if b == 0:
+        return out, lse
+    fn, args = _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible)
+    fn(*args)
+    return out, lse
+
+
+def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible=None):
+    """``(bf16 q?, the compiled step's arguments)``, no checks (the hot path and
+    ``_step_call``). ``q`` is the quantized tuple, or a bf16 tensor that the step quantizes
+    into the metadata's query buffers. Every tensor goes in its own layout: the step builds
+    its views."""
+    if isinstance(q, (tuple, list)):
+        bf16_q, head, q_bf16 = False, tuple(q), None
+    else:  # a bf16 query goes last: the step quantizes it into the metadata's buffers
+        bf16_q, head, q_bf16 = True, metadata.q_args, q
+    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
+    return bf16_q, (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale,
+                    visible, q_bf16)
+
+
+def _launch_cluster(metadata, visible) -> int:
+    """The step's parts per cluster, as the hot path looks it up and ``_step_call`` registers
+    it: the metadata's, but plain for the context-parallel step."""
+    return 1 if visible is not None else metadata.cluster
+
+
+def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible=None):
+    """The compiled decode step and its argument tuple (no checks; the bench times the bare
+    call with it)."""
+    bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
+    _, s_q, h, _ = args[0].shape
+    _check_cluster_parts(metadata)
+    cluster = _launch_cluster(metadata, visible)
+    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster), args
+
+
+def warmup(
+    heads=HEADS, s_q=(1,), page_sizes=(64,), causal=(False, True), *, clusters=(1, 2), arch: str | None = None,
+    progress: bool = True,
+) -> int:
+    """Compiles (or loads from the disk cache) every kernel a serving config needs, ahead of
+    traffic: each decode step plain and in clusters of two (``clusters``; ``default_cluster``
+    picks per metadata). Returns how many kernel variants are ready. ``arch="sm_90a"`` works
+    without a GPU."""
+    import itertools
+
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.kernels.decode import compile as decode_compile
+    from snapmla_cute.kernels.decode.step import DecodeStepConfig
+
+    work = [(_scheduler.compile, None)]
+    work += [(_quant_q.compile_call, _quant_q.QuantQCallConfig(s, h)) for h, s in itertools.product(heads, s_q)]
+    for p in page_sizes:
+        work += [(_append_kv.compile_call, _append_kv.AppendKVCallConfig(p)),
+                 (_dequant_kv.compile_call, _dequant_kv.DequantKVCallConfig(p))]
+    for h, s, p, c, k in itertools.product(heads, s_q, page_sizes, causal, clusters):
+        cfg = DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **{"cluster": k, **DECODE_TUNING}))
+        work += [(decode_compile.compile_step, cfg), (decode_compile.compile_step_q, cfg)]  # quantized / bf16 query
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(work), desc="snapmla_cute warm-up", unit="kernel")
+        except ImportError:
+            bar = None
+    for compile_fn, cfg in work:
+        if cfg is None:
+            compile_fn(arch=arch)
+        else:
+            compile_fn(cfg, arch=arch)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return len(work)
