@@ -29,7 +29,7 @@ BOUNDS = {
     "skeleton": {"skip": SKELETON},
 }
 # The accuracy study's budget puts Q's e4m3 rounding first on MLA-like data, and a query kept
-# as two e4m3 terms (hi + lo) takes it out (README, Accuracy). Its kernel would issue the
+# as two e4m3 terms (hi + lo) takes it out (docs/accuracy.md). Its kernel would issue the
 # content chain of QK twice and hold a second 32 KB Q tile (one KV stage fewer); timing only.
 Q_SPLIT_COST = {
     "kv_stages 3": {"kv_stages": 3},
