@@ -15,7 +15,7 @@ import time
 
 import torch
 
-import snapmla_cute.tuning as ops
+from snapmla_cute.tuning import DECODE_TUNING
 from snapmla_cute.profiling import SHAPES, make_case
 
 QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -55,8 +55,8 @@ def main():
     variants = json.loads(a.variants)
     c = make_case(SHAPES[a.shape])
     for tuning in variants.values():  # compile and check outside the sampled windows
-        ops.DECODE_TUNING.clear()
-        ops.DECODE_TUNING.update(tuning)
+        DECODE_TUNING.clear()
+        DECODE_TUNING.update(tuning)
         c["step"]()
     torch.cuda.synchronize()
     smi = subprocess.Popen(
@@ -67,12 +67,12 @@ def main():
     windows = []
     for rnd in range(a.rounds):
         for name, tuning in variants.items():
-            ops.DECODE_TUNING.clear()
-            ops.DECODE_TUNING.update(tuning)
+            DECODE_TUNING.clear()
+            DECODE_TUNING.update(tuning)
             t0 = time.time()
             us = run_for(c["step"], a.seconds)
             windows.append((name, rnd, us, t0 + 0.3, time.time()))  # the first 0.3 s settle
-    ops.DECODE_TUNING.clear()
+    DECODE_TUNING.clear()
     smi.terminate()
     samples = []
     for line in smi.communicate()[0].strip().splitlines():

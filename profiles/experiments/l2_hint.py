@@ -27,7 +27,7 @@ def main():
     dense = [tuple(int(v) for v in r.split(",")) for r in a.dense] if a.dense is not None else DENSE
     sparse = [tuple(int(v) for v in r.split(",")) for r in a.sparse] if a.sparse is not None else SPARSE
 
-    import snapmla_cute.tuning as ops
+    from snapmla_cute.tuning import DECODE_TUNING
     from snapmla_cute.bench import time_us
     from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 
@@ -48,16 +48,16 @@ def main():
         ref = None
         for _ in range(a.rounds):
             for off in (True, False):
-                ops.DECODE_TUNING.clear()
+                DECODE_TUNING.clear()
                 if off:
-                    ops.DECODE_TUNING.update(OFF)
+                    DECODE_TUNING.update(OFF)
                 c["step"]()
                 torch.cuda.synchronize()
                 if ref is None:
                     ref = (c["out"].clone(), c["lse"].clone())
                 assert torch.equal(ref[0], c["out"]) and torch.equal(ref[1], c["lse"]), f"{name}: outputs differ"
                 times[not off].append(time_us(c["step"]))
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
         rows.append((name, times[False], times[True]))
         print(rows[-1][0], [round(x, 1) for x in times[False]], [round(x, 1) for x in times[True]], flush=True)
         del c

@@ -10,7 +10,7 @@ partials' format too.
 """
 from tabulate import tabulate
 
-from snapmla_cute import tuning as ops
+from snapmla_cute.tuning import DECODE_TUNING
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 
@@ -30,13 +30,13 @@ def main():
     rows = {name: {"shape": name} for name, _ in calls}
     for rnd in range(2):
         for vname, tune in VARIANTS.items():
-            ops.DECODE_TUNING.clear()
-            ops.DECODE_TUNING.update(tune)
+            DECODE_TUNING.clear()
+            DECODE_TUNING.update(tune)
             for name, step in calls:
                 us = time_us(step)
                 rows[name][f"{vname} r{rnd}"] = round(us, 1)
                 print(name, vname, rnd, round(us, 1), flush=True)
-    ops.DECODE_TUNING.clear()
+    DECODE_TUNING.clear()
     print(tabulate(list(rows.values()), headers="keys"))
 
 

@@ -17,7 +17,7 @@ Every variant is compiled first in parallel processes (disk cache), then timed.
 
 import argparse
 
-from snapmla_cute import tuning as ops
+from snapmla_cute.tuning import DECODE_TUNING
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 
@@ -66,14 +66,14 @@ def main():
         c = make_sparse_case(sh) if topk else make_case(sh)
         row = [name, c["metadata"].num_parts]
         for kw in VARIANTS.values():
-            ops.DECODE_TUNING.update(**kw)
+            DECODE_TUNING.update(**kw)
             try:
                 c["step"]()
                 row.append(round(min(time_us(c["step"]) for _ in range(a.reps)), 1))
             except Exception as e:  # a launch the driver refuses (clusters) is a result too
                 row.append(f"error: {type(e).__name__}: {str(e)[:60]}")
             finally:
-                ops.DECODE_TUNING.clear()
+                DECODE_TUNING.clear()
         table.append(row)
         print(row, flush=True)
     from tabulate import tabulate

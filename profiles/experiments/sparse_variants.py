@@ -20,7 +20,7 @@ import sys
 
 from tabulate import tabulate
 
-from snapmla_cute import tuning as ops
+from snapmla_cute.tuning import DECODE_TUNING
 from snapmla_cute.bench import measure_copy_tbps, time_us
 from snapmla_cute.bench_sparse import BATCH1_TARGET_US, FEW_HEAD_FLOOR_SHARE, FEW_HEAD_SHAPES, _dense_us, \
     sparse_floor_us
@@ -82,16 +82,16 @@ def main():
             if args.few_heads:
                 row["target_us"] = round(BATCH1_TARGET_US if b == 1 else floor / FEW_HEAD_FLOOR_SHARE, 1)
             else:
-                ops.DECODE_TUNING.clear()  # the shipped dense decode, not the last variant's stages
+                DECODE_TUNING.clear()  # the shipped dense decode, not the last variant's stages
                 row["dense_us"] = round(_dense_us(b * s_q, h, topk, 64), 1)
             for name, tune in variants:
-                ops.DECODE_TUNING.clear()
-                ops.DECODE_TUNING.update(tune)
+                DECODE_TUNING.clear()
+                DECODE_TUNING.update(tune)
                 row[name] = round(sparse_us(*shape), 1)
             rows.append(row)
             print(row, flush=True)
     else:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
         shapes = pick(SHAPES + ([FEW_HEAD_SHAPES[i] for i in (0, 3, 5)] if args.with_few else []))
         if args.jobs:
             warm_bench.warm([("sparse", sh, {}) for sh in shapes] + warm_bench.dense_beside(shapes), args.jobs)
@@ -101,7 +101,7 @@ def main():
                        dense_us=round(_dense_us(b * s_q, h, topk, 64), 1))
             rows.append(row)
             print(row, flush=True)
-    ops.DECODE_TUNING.clear()
+    DECODE_TUNING.clear()
     print(tabulate(rows, headers="keys"))
 
 

@@ -14,7 +14,7 @@ import json
 
 import torch
 
-import snapmla_cute.tuning as ops
+from snapmla_cute.tuning import DECODE_TUNING
 from snapmla_cute import emulation
 from snapmla_cute import reference as ref
 from snapmla_cute.bench import time_us
@@ -97,22 +97,22 @@ def main():
             variants.update(Q_SPLIT_COST)
         errs = {}
         for name, tuning in variants.items():
-            ops.DECODE_TUNING.clear()
-            ops.DECODE_TUNING.update(tuning)
+            DECODE_TUNING.clear()
+            DECODE_TUNING.update(tuning)
             errs[name] = None if any(k in tuning for k in TIMING_ONLY) else check(c, sh)
             if errs[name] is not None and errs[name] > 2e-3:
                 raise RuntimeError(f"{sh.name} {name}: rel-L2 {errs[name]:.2e} vs emulation")
             time_us(c["step"], reps=10)  # compiled, loaded and the clocks up before timing
         for rnd in range(args.rounds):
             for name, tuning in variants.items():
-                ops.DECODE_TUNING.clear()
-                ops.DECODE_TUNING.update(tuning)
+                DECODE_TUNING.clear()
+                DECODE_TUNING.update(tuning)
                 us = time_us(c["step"])
                 rows.append(dict(shape=sh.name, variant=name, round=rnd, us=round(us, 1), err=errs[name]))
                 print(rows[-1], flush=True)
         del c
         torch.cuda.empty_cache()
-    ops.DECODE_TUNING.clear()
+    DECODE_TUNING.clear()
     print(f"{'shape':32s} {'variant':26s} {'us by round':>18s} {'rel-L2':>9s}")
     keys = dict.fromkeys((r["shape"], r["variant"]) for r in rows)
     for sh, v in keys:

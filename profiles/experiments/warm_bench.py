@@ -7,7 +7,7 @@ bench, one after the other.
 
 ``warm(items)`` does the same for an experiment's own list: ``("sparse", (b, h, s_q, topk,
 s_k), tuning)`` or ``("dense", (b, h, s_q, s_k, causal, varlen), tuning)`` with ``tuning`` the
-``ops.DECODE_TUNING`` the timed call will run under (part of the compile key).
+``DECODE_TUNING`` the timed call will run under (part of the compile key).
 """
 import multiprocessing
 import sys
@@ -17,13 +17,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 def one(item):
     """Run one call of ``item`` (compiles its variant into the disk cache)."""
-    from snapmla_cute import tuning as ops
+    from snapmla_cute.tuning import DECODE_TUNING
     from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 
     kind, args, tuning = item
     t = time.time()
-    ops.DECODE_TUNING.clear()
-    ops.DECODE_TUNING.update(tuning)
+    DECODE_TUNING.clear()
+    DECODE_TUNING.update(tuning)
     try:
         if kind == "sparse":
             b, h, s_q, topk, s_k = args
@@ -39,7 +39,7 @@ def one(item):
     except Exception as e:  # noqa: BLE001
         return f"{item} FAILED {e!r}"
     finally:
-        ops.DECODE_TUNING.clear()
+        DECODE_TUNING.clear()
 
 
 def warm(items, jobs: int = 14, verbose: bool = True) -> None:

@@ -8,7 +8,7 @@ plan the rule picked (splits written = lists: whole requests) and what it gained
 
 import argparse
 
-from snapmla_cute import tuning as ops
+from snapmla_cute.tuning import DECODE_TUNING
 from snapmla_cute.bench import time_us
 from snapmla_cute.profiling import Shape, make_case, make_sparse_case
 
@@ -42,13 +42,13 @@ def main():
         lists = md.split_offsets.shape[0] - 1
         res = []
         for whole in (False, True):
-            ops.DECODE_TUNING.update(whole_plans=whole)
+            DECODE_TUNING.update(whole_plans=whole)
             try:
                 c["step"]()
                 splits = int(md.split_offsets[lists].item())
                 us = min(time_us(c["step"]) for _ in range(a.reps))
             finally:
-                ops.DECODE_TUNING.clear()
+                DECODE_TUNING.clear()
             res.append((splits, us))
         (s0, t0), (s1, t1) = res
         table.append([name, md.num_parts, s0, s1, "whole" if s1 == lists else "split", round(t0, 1), round(t1, 1),

@@ -6,7 +6,7 @@ split-KV part plans for itself. Per 64-token block:
 1. QK (``consumer``): FP8 e4m3 WGMMA over the 512 content dims and BF16 WGMMA over the 64
    RoPE dims chained on one accumulator (Eq. 6: both parts live in the scaled domain), then
    s = ((acc·σ_q)·σ_k)·scale·log2e. The tensor core's truncating adder is modelled bit for
-   bit by ``reference.tensor_core_mma``.
+   bit by ``tensor_core.tensor_core_mma``.
 2. V transposition in place (``transposer``): the content tile is rewritten as Vᵀ (tokens in
    the order π of the QK accumulator's columns), tokens past the sequence zeroed.
 3. Online softmax (``softmax``) with V-scale fusion P' = P·σ_k and per-row block-wise P
@@ -20,11 +20,13 @@ split-KV part plans for itself. Per 64-token block:
    scale up to ``merge_few`` splits a request, else fp32), and the LSE; the
    splits of a request cut by a part boundary are merged in the same launch (``merge``).
 
-Modules: ``config`` (``DecodeConfig``, constants), ``kernel`` (launch and wiring), ``plan``,
-``producer``, ``transposer``, ``consumer``, ``softmax``, ``epilogue``, ``merge``,
-``storage`` (shared memory), ``trace`` (profiling stamps), ``step`` (the host function
-``mla_decode`` calls) and ``compile`` (fake arguments and the compile entry).
-Everything is checked against ``reference.mla_decode_emulated``.
+Modules: ``config`` (``DecodeConfig``, constants), ``args`` (the typed bundles the wiring
+hands the roles), ``kernel`` (launch and wiring), one module per role, each role a frozen
+object (``plan``, ``producer``, ``transposer``, ``consumer``, ``epilogue``, ``merge``),
+``softmax`` (the consumers' softmax state), ``storage`` (shared memory), ``trace``
+(profiling stamps), ``step`` (the host function ``mla_decode`` and ``mla_decode_sparse``
+call) and ``compile`` (fake arguments and the compile entries).
+Everything is checked against ``emulation.mla_decode_emulated``.
 """
 
 from snapmla_cute.kernels.decode.config import MERGE_MAX_SPLITS, SM90_SMEM_BYTES, DecodeConfig  # noqa: F401

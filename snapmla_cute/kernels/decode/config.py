@@ -126,11 +126,12 @@ class DecodeConfig:
     # shared-memory work of a query kept as two e4m3 terms, hi + lo, without its extra tile)
     qk_content_passes: int = 1
     # %globaltimer stamps of each CTA's milestones at the end of the fp32 partials
-    # (``trace.trace_words``, ``trace.TRACE_EVENTS``; ``profiles/experiments/trace_small.py``)
+    # (``trace.trace_words``, ``trace.TRACE_EVENTS``; read back by ``profiles/experiments/trace_small.py``
+    # at ac2dc72)
     trace: bool = False
     # SM clock stamps of each consumer WG's first owned blocks, of the producer's stage
     # acquisitions and of the transposer, just before the ``trace`` rows
-    # (``trace.LOOP_EVENTS``; ``profiles/experiments/trace_loop.py``)
+    # (``trace.LOOP_EVENTS``; read back by ``profiles/experiments/trace_loop.py`` at ac2dc72)
     trace_loop: bool = False
     # timing only: the two halves of each request on parts 2r, 2r+1, written unsplit
     # (``SchedulerConfig.pairs``)

@@ -349,7 +349,7 @@ class Consumer:
     def issue_qk(self, tiles: ConsumerTiles, stage: Int32):
         """QK of one block, asynchronously: 16 e4m3 k-steps then 4 bf16 RoPE k-steps chained on
         one accumulator (Eq. 6). The tensor core's truncating adder is part of the spec
-        (``reference.tensor_core_mma``), so no promotion waits are needed."""
+        (``tensor_core.tensor_core_mma``), so no promotion waits are needed."""
         m = tiles.mmas
         warpgroup.fence()
         if cutlass.const_expr("qk" not in self.cfg.skip):

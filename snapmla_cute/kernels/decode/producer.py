@@ -145,7 +145,6 @@ class Producer:
         (``cp.async.mbarrier.arrive.noinc``, 128 arrivals: ``KVRing.full_addr``); warp 0
         also loads Q by TMA.
         A block's ids are loaded two blocks ahead, so their latency overlaps the stage waits."""
-        cfg = self.cfg
         tma, smem = self.tma, self.smem
         per_warp = L.BLOCK_N // (roles.THREADS_PER_WG // 32)
         (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions()
