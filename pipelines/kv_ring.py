@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+from cutlass import Int32
 
 
 # The state objects of the kernels are frozen dataclasses: the DSL passes them through its
@@ -32,7 +33,7 @@ class KVRing:
     # after its wait, before WGMMA reads them
     generic_writes: bool = False
 
-    def stage_of(self, g):
+    def stage_of(self, g: Int32):
         """g mod stages for g ≥ 0: a mask when the stage count is a power of two (Int32 % and
         // compile to signed-division fix-ups, per use, in the hot loop)."""
         S = self.stages
@@ -41,7 +42,7 @@ class KVRing:
         return g % S
 
     @cute.jit
-    def state(self, g):
+    def state(self, g: Int32):
         """Pipeline state of block g: stage g % S, phase (g / S) % 2."""
         S = self.stages
         if cutlass.const_expr(S & (S - 1) == 0):
@@ -51,19 +52,19 @@ class KVRing:
         return pipeline.PipelineState(S, g, self.stage_of(g), phase)
 
     @cute.jit
-    def wait(self, g):
+    def wait(self, g: Int32):
         """Waits until block g's TMA loads have landed."""
         self.pipe.consumer_wait(self.state(g))
         if cutlass.const_expr(self.generic_writes):
             cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
-    def release(self, g):
+    def release(self, g: Int32):
         """This warpgroup is done with block g's stage (the producer may refill it)."""
         self.pipe.consumer_release(self.state(g))
 
     @cute.jit
-    def wait_free(self, g):
+    def wait_free(self, g: Int32):
         """Producer: waits until block g's stage is free (its previous block released);
         returns the stage."""
         st = self.state(g)
@@ -71,7 +72,7 @@ class KVRing:
         self.pipe.sync_object_empty.wait(st.index, st.phase ^ 1)
         return st.index
 
-    def full_addr(self, index):
+    def full_addr(self, index: Int32) -> Int32:
         """The full barrier of stage ``index`` (shared address): the gathering threads'
         ``cp.async.mbarrier.arrive.noinc`` target."""
         return self.pipe.sync_object_full.get_barrier(index).toint()

@@ -9,7 +9,8 @@ Public API (torch tensors on a CUDA device):
   each query token attends to its own list of cache slots.
 * ``torch.ops.snapmla.{quantize_q,append_kv,dequantize_kv,mla_decode}`` — the same as custom
   ops (and ``mla_decode_sparse``) with fake implementations (torch.compile, CUDA graphs).
-* :mod:`snapmla_cute.reference` — the specification: exact decode and the bit-faithful emulation.
+* :mod:`snapmla_cute.reference` and :mod:`snapmla_cute.emulation` — the specification: exact
+  decode, and the bit-faithful emulation of the kernel.
 """
 
 from snapmla_cute.kv_cache import FP8KVCache

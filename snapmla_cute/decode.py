@@ -137,16 +137,23 @@ def mla_decode(
     return out, lse
 
 
+def _step_query(q, metadata, softmax_scale) -> tuple:
+    """What a step call (dense or sparse) takes for its query: ``(bf16 q?, the quantized
+    query's three tensors, the bf16 query or None, the softmax scale in the log2 domain)``.
+    A bf16 query goes last: the step quantizes it into the metadata's query buffers, which
+    take the quantized query's place."""
+    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
+    if isinstance(q, (tuple, list)):
+        return False, tuple(q), None, scale
+    return True, metadata.q_args, q, scale
+
+
 def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible=None):
     """``(bf16 q?, the compiled step's arguments)``, no checks (the hot path and
-    ``_step_call``). ``q`` is the quantized tuple, or a bf16 tensor that the step quantizes
-    into the metadata's query buffers. Every tensor goes in its own layout: the step builds
-    its views."""
-    if isinstance(q, (tuple, list)):
-        bf16_q, head, q_bf16 = False, tuple(q), None
-    else:  # a bf16 query goes last: the step quantizes it into the metadata's buffers
-        bf16_q, head, q_bf16 = True, metadata.q_args, q
-    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
+    ``_step_call``). ``q`` is the quantized tuple, or a bf16 tensor (``_step_query``). Every
+    tensor goes in its own layout: the step builds its views; the step's two optional
+    tensors, ``visible`` and the bf16 query, are always passed (None where absent)."""
+    bf16_q, head, q_bf16, scale = _step_query(q, metadata, softmax_scale)
     return bf16_q, (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale,
                     visible, q_bf16)
 

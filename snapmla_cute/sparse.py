@@ -20,10 +20,10 @@ from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
+from snapmla_cute.decode import _step_query
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels.decode_scheduler import MAX_BATCH as _MAX_BATCH
 from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN as _MAX_SEQLEN
-from snapmla_cute.decode import _DEFAULT_SCALE_LOG2, _LOG2E
 from snapmla_cute.kv_cache import FP8KVCache
 from snapmla_cute.planning import (
     _check_cluster_parts,
@@ -145,12 +145,9 @@ def _sparse_launcher(heads: int, s_q: int, bf16_q: bool, cluster: int = 1):
 
 
 def _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale):
-    if isinstance(q, (tuple, list)):
-        bf16_q, head, q_bf16 = False, tuple(q), None
-    else:  # a bf16 query goes last: the step quantizes it into the metadata's buffers
-        bf16_q, head, q_bf16 = True, metadata.q_args, q
-    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
-    # the step's optional visible counts (dense only) and bf16 query
+    """``(bf16 q?, the compiled sparse step's arguments)``, no checks; no visible counts (a
+    dense step's), the bf16 query or None last (``decode._step_query``)."""
+    bf16_q, head, q_bf16, scale = _step_query(q, metadata, softmax_scale)
     return bf16_q, (*head, indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale, None, q_bf16)
 
 

@@ -1,4 +1,5 @@
-"""pipelines.roles: the warpgroup layouts of the decode CTA. CPU: no GPU needed."""
+"""The decode CTA's roles: pipelines.roles' warpgroup layouts and budgets, the role objects of
+kernels/decode and the one step signature. CPU: no GPU needed."""
 
 import pytest
 

@@ -11,7 +11,6 @@ with it; ``from a import name`` is an edge to ``a`` itself when ``name`` is not 
 import ast
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 500

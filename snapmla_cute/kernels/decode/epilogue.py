@@ -245,8 +245,9 @@ class Epilogue:
         self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
 
     @cute.jit
-    def store_tile(self, acc_o_mn, c_o_mn, inv, m_dst, idx, dtype: cutlass.Constexpr, m_tile, wg, wg_tidx, buf,
-                   owner_rank=None, post=None):
+    def store_tile(self, acc_o_mn: list, c_o_mn: cute.Tensor, inv: cute.Tensor, m_dst: cute.Tensor, idx: Int32,
+                   dtype: cutlass.Constexpr, m_tile: Int32, wg: Int32, wg_tidx: Int32, buf: Int32, owner_rank=None,
+                   post: cute.Tensor = None):
         """o·inv (per row; then ·post, per row, where given) as ``dtype`` into ``m_dst[row,
         wg's columns, idx]`` through a 1 KB shared buffer per warp (8 rows x 128 bytes;
         ``owner_rank``: only the rows that cluster rank owns): a warp's accumulator holds 16

@@ -229,7 +229,9 @@ class Merger:
                     m_counters[req, 2 * m_tile + 1] = 0
 
     @cute.jit
-    def few_split_lse(self, m_tile, req, share_row, lr, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse):
+    def few_split_lse(self, m_tile: Int32, req: Int32, share_row: Int32, lr: Int32, first: Int32, n_splits: Int32,
+                      m_lse: cute.Tensor, m_lse_partial: cute.Tensor, m_scales: cute.Tensor, s_w: cute.Tensor,
+                      s_lse: cute.Tensor):
         """The final LSE of one row of a request of at most ``merge_few`` splits and its
         splits' weights exp(lse_s - lse) times their f16 partials' 1/f, by one thread."""
         cfg = self.cfg
@@ -262,7 +264,8 @@ class Merger:
 
     @cute.jit
     def few_split_rows(
-        self, m_tile, req, r0, first, n_splits, n_items, ctid, m_out, m_o_partial, s_w, s_lse, F: cutlass.Constexpr
+        self, m_tile: Int32, req: Int32, r0: Int32, first: Int32, n_splits: Int32, n_items: Int32, ctid: Int32,
+        m_out: cute.Tensor, m_o_partial: cute.Tensor, s_w: cute.Tensor, s_lse: cute.Tensor, F: cutlass.Constexpr,
     ):
         """out rows of a request of at most ``F`` splits (``m_o_partial``: its f16 partials,
         the scales already in ``s_w``): items (row, 8 dims), ``MERGE_BATCH // F`` per thread

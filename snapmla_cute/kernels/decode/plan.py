@@ -215,7 +215,7 @@ class Planner:
         cute.arch.sync_threads()
 
     @cute.jit
-    def whole_requests(self, total, c_max, batch, num_parts):
+    def whole_requests(self, total: Int32, c_max: Int32, batch: Int32, num_parts: Int32) -> Int32:
         """The scheduler's whole-request rule with this kernel's constants (``DecodeConfig.scheduler``)."""
         c = self.scheduler.cfg
         whole = self.scheduler.whole_requests(total, c_max, batch, num_parts, Int32(c.split_units), Int32(c.stream_parts),
@@ -226,7 +226,8 @@ class Planner:
         return whole
 
     @cute.jit
-    def plan_warp(self, m_seqlens, s_pre, s_split, batch, num_parts, lane):
+    def plan_warp(self, m_seqlens: cute.Tensor, s_pre: cute.Tensor, s_split: cute.Tensor, batch: Int32, num_parts: Int32,
+                  lane: Int32):
         """``plan``'s two prefix sums for batch ≤ 32 by warp 0 (lane r: request r), the same
         values as ``DecodeSchedulerKernel.unit_prefix`` / ``split_prefix``: returns (total
         units, units per part, whole requests: 0 with the rule compiled out); ``s_pre`` and

@@ -228,7 +228,8 @@ class Producer:
             ptx.cp_async_or_zero(dst, ks_base + Int64(slot) * 4, 4, Int32(slot != OOB_PAGE), policy)
 
     @cute.jit
-    def gather_id(self, m_indices, req, pos, seqlen, num_slots, lane_used):
+    def gather_id(self, m_indices: cute.Tensor, req: Int32, pos: Int32, seqlen: Int32, num_slots: Int32,
+                  lane_used) -> Int32:
         """The slot id at list position ``pos`` of request ``req``, or ``OOB_PAGE``: past the
         list's length (at most its ``topk`` entries), -1, or outside the cache (never
         dereferenced)."""

@@ -90,6 +90,9 @@ class DecodeStepKernel:
         m_visible: cute.Tensor = None,  # int32 [b, s_q]: a causal shard's visible keys (dense)
         m_q: cute.Tensor = None,  # bf16 [b, s_q, h, 576]: quantized into m_q_nope/rope/scale first
     ):
+        if cutlass.const_expr((m_visible is not None) != self.cfg.decode.visible):
+            raise ValueError(f"decode step: visible counts given: {m_visible is not None}, but the config "
+                             f"says visible={self.cfg.decode.visible}")
         if cutlass.const_expr(m_q is not None):
             self.quantize_query(m_q, m_q_nope, m_q_rope, m_q_scale, m_q.shape[0] * self.q_rows, stream)
         tensors = (m_q_nope, m_q_rope, m_q_scale, m_table, m_lengths, m_out, m_lse, m_kv, m_kv_scale, m_sched,

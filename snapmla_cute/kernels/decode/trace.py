@@ -1,6 +1,7 @@
 """Profiling stamps of the decode kernel (``DecodeConfig.trace`` / ``trace_loop``; never set
 by the library). The stamps overwrite the end of the fp32 partials, so a traced call's
-split requests come out wrong; the scripts in ``profiles/experiments`` read them back.
+split requests come out wrong; ``trace_words`` reads them back (the scripts that tabulated
+them, ``profiles/experiments/trace_small.py`` and ``trace_loop.py``, are at ac2dc72).
 
 * ``trace``: %globaltimer (low 32 bits) at each CTA's milestones, one row of
   ``TRACE_WORDS`` per CTA at the end of the partials (``trace_words``; consumer milestones
@@ -13,12 +14,16 @@ split requests come out wrong; the scripts in ``profiles/experiments`` read them
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
 from snapmla_cute.format import CONTENT_DIM
+
+if TYPE_CHECKING:
+    from snapmla_cute.kernels.decode.config import DecodeConfig
 
 TRACE_EVENTS = dict(
     start=0, planned=1, q_issued=2, kv_issued=3, q_arrived=4, qk_done=5, softmax_done=6, pv_done=7,
@@ -65,10 +70,10 @@ class Tracer:
     this CTA's row); every method is a no-op (no code) unless its switch is on. Frozen: the
     roles call it inside run-time branches."""
 
-    cfg: object
-    rows: object
-    loop_rows: object
-    cta: object
+    cfg: DecodeConfig
+    rows: cute.Tensor  # int32 (CTAs, TRACE_WORDS), or None
+    loop_rows: cute.Tensor  # int32 (CTAs, LOOP_WORDS), or None
+    cta: Int32  # this CTA's row, or None
 
     @classmethod
     def make(cls, cfg, m_o_partial, m_sched, m_tile, part) -> "Tracer":

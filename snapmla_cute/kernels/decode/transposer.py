@@ -60,7 +60,7 @@ class Transposer:
             self.tracer.transposer_event(g, True, wg_tidx)
 
     @cute.jit
-    def transpose_block(self, kv_addr: Int32, stage, valid, sync, wg_tidx):
+    def transpose_block(self, kv_addr: Int32, stage: Int32, valid: Int32, sync: pipeline.NamedBarrier, wg_tidx: Int32):
         """``transpose_v`` of one block: the masking code only when some of its 64 tokens
         are past the sequence."""
         if valid >= L.BLOCK_N:
@@ -69,7 +69,7 @@ class Transposer:
             self.transpose_v(kv_addr, stage, valid, sync, wg_tidx, True)
 
     @cute.jit
-    def keep_bytes(self, n):
+    def keep_bytes(self, n: Int32) -> Uint32:
         """Mask of the low ``n`` bytes of a word (n clamped to 0..4): a word of 4 tokens
         of which ``n`` are inside the sequence."""
         keep = Uint32(0xFFFFFFFF)
@@ -80,7 +80,8 @@ class Transposer:
         return keep
 
     @cute.jit
-    def transpose_v(self, kv_addr: Int32, stage, valid_tokens, sync, wg_tidx, masked: cutlass.Constexpr):
+    def transpose_v(self, kv_addr: Int32, stage: Int32, valid_tokens: Int32, sync: pipeline.NamedBarrier, wg_tidx: Int32,
+                    masked: cutlass.Constexpr):
         """Content tile → Vᵀ in place with ldmatrix.trans → prmt → stmatrix; ``masked`` (a
         request's last block) zeroes tokens ≥ valid (``layouts.transpose``). One warpgroup
         barrier per 8 KiB chunk, between its loads and its stores."""
