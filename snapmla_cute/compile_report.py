@@ -164,7 +164,10 @@ def _short(config) -> str:
     if config is None:
         return "-"
     if hasattr(config, "decode"):
-        return "step: " + _short(config.decode)
+        # a step's own fields (the sparse step's s_q) follow its kernel's: two sparse steps
+        # differing only by s_q are two variants
+        rest = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config) if f.name != "decode"]
+        return " ".join(["step: " + _short(config.decode), *rest])
     shown = []
     for f in dataclasses.fields(config):
         v = getattr(config, f.name)

@@ -164,8 +164,11 @@ def test_sass_digest_ignores_kernel_names_only():
 
 
 def test_variant_keys_name_the_shape_and_only_non_default_fields():
-    from snapmla_cute.compile_report import variant_key
+    """And every variant CI compiles has a key of its own (the digest files' keys)."""
+    from snapmla_cute.compile_report import all_variants, variant_key
     from snapmla_cute.kernels.decode import DecodeConfig
 
     assert variant_key("decode", DecodeConfig(128, 1, 64, False)) == "decode [heads=128 s_q=1 page_size=64 causal=False]"
     assert variant_key("decode", DecodeConfig(16, 4, 16, True, transposer=False)).endswith("causal=True transposer=False]")
+    keys = [variant_key(name, cfg) for name, _, cfg in all_variants()]
+    assert len(set(keys)) == len(keys), "two variants share a digest key"
