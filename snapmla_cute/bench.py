@@ -12,10 +12,13 @@ the H100's measured copy bandwidth (read + write bytes per second).
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import torch
+
+# the timers live in ``timing`` (``peers`` uses them too); experiments import them from here
+from snapmla_cute.timing import host_us_per_call, measure_copy_tbps, time_us  # noqa: F401
+
 
 def device_copy_tbps() -> tuple[str, float]:
     """Device name and its reference copy bandwidth from the anchors (TB/s, read + write)."""
@@ -24,71 +27,6 @@ def device_copy_tbps() -> tuple[str, float]:
     name = torch.cuda.get_device_name()
     kind = anchors.device_kind(name)
     return name, anchors.CEILINGS[kind]["copy_tbps"] if kind else float("nan")
-
-
-def measure_copy_tbps(nbytes: int = 1 << 31) -> float:
-    """Device-to-device copy bandwidth measured now (read + write bytes per second)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = time_us(lambda: dst.copy_(src), graph=False)
-    del src, dst
-    return 2 * nbytes / us / 1e6
-
-
-def time_us(fn, *, warmup: int = 3, reps: int = 30, per_group: int = 10, graph: bool = True) -> float:
-    """Median GPU time of one call in µs.
-
-    With ``graph`` the calls are captured once in a CUDA graph of ``per_group`` calls and
-    the graph is replayed, so host overhead is not counted; otherwise ``per_group`` calls
-    run back to back between two events.
-    """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    run = None
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            with torch.cuda.graph(g, stream=stream):
-                for _ in range(per_group):
-                    fn()
-        torch.cuda.synchronize()
-        run = g.replay
-    else:
-        def run():
-            for _ in range(per_group):
-                fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / per_group)
-    return statistics.median(times)
-
-
-def host_us_per_call(fn, calls: int = 200, groups: int = 5) -> float:
-    """Wall time of issuing one call from Python (GPU work overlaps; the queue is drained
-    between groups): the median over ``groups`` groups of ``calls // groups`` calls, so a
-    noisy moment on the host does not set the figure."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    per = max(1, calls // groups)
-    samples = []
-    for _ in range(groups):
-        t0 = time.perf_counter()
-        for _ in range(per):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        samples.append((t1 - t0) / per * 1e6)
-    return statistics.median(samples)
 
 
 def bench_fused(tokens=(1 << 16, 1 << 20, 1 << 22), page_size: int = 64, verify: bool = True):
