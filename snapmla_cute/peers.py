@@ -1,0 +1,254 @@
+"""FlashMLA's Hopper decode kernels timed in this process, on the data a bench row gives ours.
+
+The peer is sgl-flash-mla's ``flash_mla``: its frozen ``use_legacy=True`` kernels, the ones
+built for SM90. Each function takes the row's bf16 query ``q [b, s_q, h, 576]`` and its
+tokens ``kv_pages`` bf16 ``[num_pages, page_size, 576]`` (the bf16 tokens our FP8 cache was
+written from, page for page), with the row's ``block_table`` int32 ``[b, pages]`` and
+``cache_seqlens`` int32 ``[b]`` (dense) or ``indices`` int32 ``[b, s_q, topk]`` of slot ids
+``page * page_size + offset`` (sparse), so both sides read the same tokens:
+
+* ``dense_bf16_us`` — the BF16 dense decode on the tokens as they are.
+* ``dense_fp8_us`` — the dense FP8 decode (what vLLM and TensorRT-LLM run on Hopper): q and
+  all 576 dims of the cache in e4m3 under one per-tensor scale each, given as descales.
+* ``sparse_fp8_us`` — the sparse FP8 decode on DeepSeek-V3.2's 656-byte tokens
+  (``v32_cache``). It runs 64 or 128 heads only: fewer heads are padded to 64
+  (``sparse_heads``), as an engine pads them.
+
+Each checks the peer's output once, before timing, against the float64 reference (rel-L2 at
+most ``PEER_TOLERANCE``: it proves a correct call is timed, not the peer's accuracy) and raises
+``PeerMismatch`` if it is off; then returns the median µs of CUDA-graph replays
+(``timing.time_us``), the peer's metadata made before the graph. Where ``flash_mla`` does not
+import (no GPU, not installed, no legacy kernels) or the peer refuses a call, the result is
+None and one line on stderr says why: the benches then use the anchors' figures.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+
+from snapmla_cute import reference as ref
+from snapmla_cute.sparse_reference import mla_decode_sparse_exact
+from snapmla_cute.timing import time_us
+
+# rel-L2 against float64 exact attention above which the peer's call is wrong, not inexact:
+# its BF16 decode rounds only the output; the FP8 ones round q, K, V (and P) to e4m3
+PEER_TOLERANCE = {"bf16": 2e-2, "dense_fp8": 0.1, "sparse_fp8": 0.1}
+CHECK_REQUESTS = 2  # requests compared with the reference (the first ones)
+V32_BYTES = 512 + 4 * 4 + 2 * 64  # 512 e4m3, four fp32 tile scales, 64 bf16 RoPE = 656
+V32_TILE = 128
+
+
+class PeerMismatch(RuntimeError):
+    """The peer's output is far from the reference: a timing of it would not mean anything."""
+
+
+_NOTED: set[str] = set()
+
+
+def _note(message: str) -> None:
+    """One stderr line per distinct message (a bench asks for the peer at every row)."""
+    if message not in _NOTED:
+        _NOTED.add(message)
+        print(f"peers: {message}", file=sys.stderr, flush=True)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def flash_mla():
+    """The ``flash_mla`` module where it runs here (a GPU, the package, its legacy SM90
+    kernels), else None after one stderr line."""
+    if not torch.cuda.is_available():
+        _note("FlashMLA not timed here: no CUDA device")
+        return None
+    try:
+        import flash_mla as fm
+
+        if not fm.has_legacy():
+            raise RuntimeError("its legacy (SM90) kernels are not in this build")
+    except Exception as e:  # ImportError, or OSError from an extension that will not load
+        _note(f"FlashMLA not timed here: import flash_mla failed ({_one_line(e)})")
+        return None
+    return fm
+
+
+def sparse_heads(h: int) -> int | None:
+    """The heads FlashMLA's sparse decode runs for ``h`` of ours: 64 and 128 as they are,
+    fewer padded to 64; None where it has no kernel."""
+    if h in (64, 128):
+        return h
+    return 64 if 0 < h < 64 else None
+
+
+def per_tensor_e4m3(x: torch.Tensor, chunk: int = 1 << 26) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` in e4m3 under one scale (amax / 448), as FlashMLA's dense FP8 decode takes q and
+    the cache: ``(codes e4m3, same shape; scale fp32 [1])``. Converted ``chunk`` elements at a
+    time, so a cache of GBs needs no fp32 copy of itself."""
+    amax = torch.maximum(x.max(), -x.min()).float().clamp(min=ref.AMAX_FLOOR)
+    scale = (amax / ref.FP8_MAX).reshape(1)
+    flat = x.reshape(-1)
+    codes = torch.empty(flat.shape, dtype=ref.FP8, device=x.device)
+    for i in range(0, flat.numel(), chunk):
+        codes[i : i + chunk] = ref.to_e4m3(flat[i : i + chunk].float() / scale)
+    return codes.view(x.shape), scale
+
+
+def v32_cache(kv_pages: torch.Tensor) -> torch.Tensor:
+    """bf16 tokens ``[P, page_size, 576]`` → FlashMLA's DeepSeek-V3.2 sparse cache
+    ``[P, page_size, 1, 656]`` (e4m3 view of the bytes): per token the 512 content dims in
+    e4m3 under four fp32 scales, one per 128 channels (a power of two, 2^ceil(log2(amax/448)),
+    as ``emulation``'s V3.2 format), the four scales, then the 64 RoPE dims in bf16."""
+    P, ps, _ = kv_pages.shape
+    x = kv_pages.reshape(-1, ref.HEAD_DIM)
+    n = x.shape[0]
+    tiles = x[:, : ref.CONTENT_DIM].float().view(n, ref.CONTENT_DIM // V32_TILE, V32_TILE)
+    amax = tiles.abs().amax(-1, keepdim=True).clamp(min=ref.AMAX_FLOOR)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / ref.FP8_MAX)))
+    codes = ref.to_e4m3(tiles / scale).view(n, ref.CONTENT_DIM)
+    rows = torch.cat([
+        codes.view(torch.uint8),
+        scale.reshape(n, -1).contiguous().view(torch.uint8),
+        x[:, ref.CONTENT_DIM :].to(torch.bfloat16).contiguous().view(torch.uint8),
+    ], dim=-1)
+    return rows.view(P, ps, 1, V32_BYTES).view(ref.FP8)
+
+
+def _check(label: str, out: torch.Tensor, expect: torch.Tensor, tol: float) -> None:
+    err = ref.rel_l2(out.float(), expect)
+    if not err <= tol:  # NaN fails too
+        raise PeerMismatch(f"{label}: rel-L2 {err:.3g} against the float64 reference (limit {tol})")
+
+
+def _run(label: str, make_call, check) -> float | None:
+    """Builds the peer's call (``make_call()``, its metadata included), runs it once and
+    checks the output (``check(out)``), then times it; None, with a note, where the peer
+    refuses the call or its capture."""
+    try:
+        call = make_call()
+        out = call()[0]
+        torch.cuda.synchronize()
+    except Exception as e:
+        _note(f"{label}: not timed, the call failed ({_one_line(e)})")
+        return None
+    check(out)
+    try:
+        return time_us(call)
+    except Exception as e:
+        _note(f"{label}: not timed, the timing failed ({_one_line(e)})")
+        return None
+
+
+def _dense_expect(q, kv_pages, block_table, cache_seqlens, causal):
+    """The float64 output of the first ``CHECK_REQUESTS`` requests, computed on first use."""
+    n = min(q.shape[0], CHECK_REQUESTS)
+    return functools.cache(lambda: ref.mla_decode_exact(
+        q[:n], kv_pages, block_table[:n], cache_seqlens[:n], causal=causal)[0])
+
+
+def _label(name: str, q: torch.Tensor, extra: str = "") -> str:
+    b, s_q, h, _ = q.shape
+    return f"FlashMLA {name} b{b} h{h} s_q{s_q}{extra}"
+
+
+def _dense_bf16(fm, q, kv_pages, block_table, cache_seqlens, causal, expect) -> float | None:
+    b, s_q, h, _ = q.shape
+    label = _label("dense BF16", q)
+
+    def make_call():
+        meta = fm.get_mla_metadata()[0]  # an empty FlashMLASchedMeta
+        try:
+            meta.tile_scheduler_metadata, meta.num_splits = fm.get_mla_decoding_metadata(
+                cache_seqlens, s_q * h, 1, use_legacy=True)
+        except Exception as e:  # the first call (untimed) fills it instead
+            _note(f"{label}: metadata from the first call ({_one_line(e)})")
+        qb, k_cache = q.contiguous(), kv_pages.unsqueeze(2)  # [P, page_size, 1, 576]
+        return lambda: fm.flash_mla_with_kvcache(
+            qb, k_cache, block_table, cache_seqlens, ref.CONTENT_DIM, meta, causal=causal, use_legacy=True)
+
+    return _run(label, make_call, lambda out: _check(label, out[: CHECK_REQUESTS], expect(), PEER_TOLERANCE["bf16"]))
+
+
+def _dense_fp8(fm, q, kv_pages, block_table, cache_seqlens, causal, expect) -> float | None:
+    b, s_q, h, _ = q.shape
+    label = _label("dense FP8", q)
+    q_codes, descale_q = per_tensor_e4m3(q)
+    k_codes, descale_k = per_tensor_e4m3(kv_pages)
+
+    def make_call():
+        meta = fm.get_mla_metadata()[0]
+        meta.tile_scheduler_metadata, meta.num_splits = fm.get_mla_decoding_metadata(
+            cache_seqlens, s_q * h, 1, is_fp8_kvcache=True, use_legacy=True)
+        k_cache = k_codes.unsqueeze(2)
+        return lambda: fm.flash_mla_with_kvcache(
+            q_codes, k_cache, block_table, cache_seqlens, ref.CONTENT_DIM, meta, causal=causal,
+            is_fp8_kvcache=True, use_legacy=True, descale_q=descale_q, descale_k=descale_k)
+
+    return _run(label, make_call, lambda out: _check(label, out[: CHECK_REQUESTS], expect(), PEER_TOLERANCE["dense_fp8"]))
+
+
+def dense_us(q, kv_pages, block_table, cache_seqlens, *, causal: bool = False) -> dict:
+    """Both dense peers on one row: ``dict(bf16=µs, dense_fp8=µs)`` (``anchors.peer_us``'s
+    keys), None for a peer not timed here."""
+    fm = flash_mla()
+    if fm is None:
+        return dict(bf16=None, dense_fp8=None)
+    expect = _dense_expect(q, kv_pages, block_table, cache_seqlens, causal)
+    return dict(
+        bf16=_dense_bf16(fm, q, kv_pages, block_table, cache_seqlens, causal, expect),
+        dense_fp8=_dense_fp8(fm, q, kv_pages, block_table, cache_seqlens, causal, expect),
+    )
+
+
+def dense_bf16_us(q, kv_pages, block_table, cache_seqlens, *, causal: bool = False) -> float | None:
+    """FlashMLA's BF16 dense decode on the row's tokens (µs), or None."""
+    fm = flash_mla()
+    if fm is None:
+        return None
+    expect = _dense_expect(q, kv_pages, block_table, cache_seqlens, causal)
+    return _dense_bf16(fm, q, kv_pages, block_table, cache_seqlens, causal, expect)
+
+
+def dense_fp8_us(q, kv_pages, block_table, cache_seqlens, *, causal: bool = False) -> float | None:
+    """FlashMLA's dense FP8 decode (per-tensor e4m3 q and cache) on the row's tokens (µs), or None."""
+    fm = flash_mla()
+    if fm is None:
+        return None
+    expect = _dense_expect(q, kv_pages, block_table, cache_seqlens, causal)
+    return _dense_fp8(fm, q, kv_pages, block_table, cache_seqlens, causal, expect)
+
+
+def sparse_fp8_us(q, kv_pages, indices, *, topk_length=None) -> float | None:
+    """FlashMLA's sparse FP8 decode (V3.2 format) over the row's lists (µs), or None: q's
+    heads as they are at 64 and 128, fewer padded with zero heads to 64 (``sparse_heads``;
+    only ours are checked)."""
+    fm = flash_mla()
+    if fm is None:
+        return None
+    b, s_q, h, _ = q.shape
+    heads = sparse_heads(h)
+    label = _label("sparse FP8", q, f" topk{indices.shape[-1]}" + (f" (padded to h{heads})" if heads and heads != h else ""))
+    if heads is None:
+        _note(f"{label}: not timed, no sparse kernel for {h} heads")
+        return None
+    q_in = q if heads == h else torch.cat([q, q.new_zeros(b, s_q, heads - h, ref.HEAD_DIM)], dim=2)
+    q_in = q_in.contiguous()
+    k_cache = v32_cache(kv_pages)
+    n = min(b, CHECK_REQUESTS)
+
+    def make_call():
+        meta = fm.get_mla_metadata()[0]  # the first call (untimed) fills it
+        return lambda: fm.flash_mla_with_kvcache(
+            q_in, k_cache, None, None, ref.CONTENT_DIM, meta, indices=indices, topk_length=topk_length,
+            is_fp8_kvcache=True, use_legacy=True, kv_format="V32")
+
+    def check(out):
+        expect = mla_decode_sparse_exact(q[:n], kv_pages, indices[:n],
+                                         topk_length=None if topk_length is None else topk_length[:n])[0]
+        _check(label, out[:n, :, :h], expect, PEER_TOLERANCE["sparse_fp8"])
+
+    return _run(label, make_call, check)
