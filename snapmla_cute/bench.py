@@ -1,9 +1,12 @@
 """Benchmarks (commands that print tables; never assertions).
 
 ``bench_decode``: µs per decode step at the standard shapes, the HBM floor from the copy
-bandwidth measured in the same run, and × against FlashMLA's dense FP8 and BF16 kernels on
-this device kind (``anchors.FLASHMLA_HOPPER_US``; x > 1: snapmla-cute is faster) with the
-target (the slower of best peer ÷ 1.3 and floor ÷ 0.85).
+bandwidth measured in the same run, and × against FlashMLA's dense FP8 and BF16 kernels
+(x > 1: snapmla-cute is faster), timed in the same run on the same data where ``flash_mla``
+runs here (``peers``), else this device kind's figures from ``anchors.FLASHMLA_HOPPER_US``;
+with the target (the slower of best peer ÷ 1.3 and floor ÷ 0.85). ``decode_case``,
+``verify_decode``, ``dense_floor_us`` and ``peer_columns`` are the pieces the other benches
+share.
 
 ``bench_fused``: bandwidth of the fused Q-quant / K-append / fetch-dequant kernels against
 the H100's measured copy bandwidth (read + write bytes per second).
@@ -12,6 +15,7 @@ the H100's measured copy bandwidth (read + write bytes per second).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -84,7 +88,8 @@ def print_table(rows, json_path: str | None = None):
 
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
-    keys = list(rows[0]) if rows else []
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # every row's columns, in order
+    rows = [{k: r.get(k) for k in keys} for r in rows]
     # ratios to two places (a 10% difference must show), everything else to one
     print(tabulate(rows, headers="keys", floatfmt=[".2f" if k.startswith("x_") else ".1f" for k in keys]))
 
@@ -106,24 +111,6 @@ DECODE_SHAPES = [
     (128, 8, 1, 32768, False),  # 128 heads at TP16
     (64, 128, 8, 8192, False),  # 7 draft tokens, causal
 ]
-
-
-def _flash_mla_us(q, kv, lens, block_table, page_size, causal, s_q) -> float | None:
-    """BF16 FlashMLA on the same shape, timed in this run, when ``flash_mla`` is importable
-    (it is not on the project's GPU machine: then the anchors' figures stand in)."""
-    try:
-        import flash_mla
-    except ImportError:
-        return None
-    b, _, h, _ = q.shape
-    k_cache = kv.view(-1, page_size, 1, 576)  # the same tokens, bf16, one KV head
-    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    meta, splits = flash_mla.get_mla_metadata(seqlens, s_q * h, 1)
-    table = block_table
-    qb = q.view(b, s_q, h, 576)
-    return time_us(
-        lambda: flash_mla.flash_mla_with_kvcache(qb, k_cache, table, seqlens, 512, meta, splits, causal=causal)
-    )
 
 
 def plot_rows(rows, path: str) -> None:
@@ -167,11 +154,123 @@ def decode_lengths(b: int, s_k: int, varlen: bool, seed: int = 0) -> list[int]:
     return torch.randint(s_k // 2, s_k * 3 // 2 + 1, (b,), generator=g).tolist()
 
 
-def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True) -> list[dict]:
-    """Times ``mla_decode`` (pre-quantized q, reused metadata, CUDA-graph replay) and the
-    bf16-input path (quantize + decode); checks each shape against the emulation first."""
-    from snapmla_cute import FP8KVCache, anchors, decode_metadata, emulation, mla_decode, quantize_q
+@dataclass
+class DecodeCase:
+    """One dense bench row's data: our FP8 ``cache`` written from the bf16 tokens
+    ``kv_pages`` ``[num_pages, page_size, 576]`` (slot = page · page_size + offset), pages
+    shuffled in ``block_table``; the bf16 ``q``, its ``quantize_q`` tuple ``qq``, reused
+    ``metadata`` and the ``out``/``lse`` buffers. The peers (``peers``) read ``kv_pages``."""
+
+    q: torch.Tensor
+    qq: tuple
+    kv_pages: torch.Tensor
+    cache: object
+    block_table: torch.Tensor
+    seqlens: torch.Tensor
+    causal: bool
+    metadata: object
+    out: torch.Tensor
+    lse: torch.Tensor
+
+    def serving_call(self, bf16_q: bool = False):
+        """The decode as a serving loop issues it (metadata and outputs given, ``check=False``):
+        a function of no arguments over locals, so its host time is the call's own."""
+        from snapmla_cute import mla_decode
+
+        q, cache, table, lens, causal = self.q if bf16_q else self.qq, self.cache, self.block_table, self.seqlens, self.causal
+        md, out, lse = self.metadata, self.out, self.lse
+        return lambda: mla_decode(q, cache, table, lens, causal=causal, metadata=md, out=out, lse=lse, check=False)
+
+
+def decode_case(b: int, h: int, s_q: int, lens: list[int], page_size: int = 64, causal: bool = False) -> DecodeCase:
+    """A bench row's data (``DecodeCase``): random tokens (randn/10 clamped to ±1), one
+    decode run so the compiled step is loaded and the buffers filled."""
+    from snapmla_cute import FP8KVCache, append_kv, decode_metadata, mla_decode, quantize_q
+
+    pages_per = [(L + page_size - 1) // page_size for L in lens]
+    total_pages = sum(pages_per)
+    cache = FP8KVCache.allocate(total_pages, page_size)
+    kv = (torch.randn(total_pages * page_size, 576, device="cuda") / 10).clamp(-1, 1).to(torch.bfloat16)
+    append_kv(cache, kv, torch.arange(total_pages * page_size, device="cuda"), check=False)
+    perm = torch.randperm(total_pages, device="cuda").int()
+    block_table = torch.zeros(b, max(pages_per), dtype=torch.int32, device="cuda")
+    pos = 0
+    for i, n in enumerate(pages_per):
+        block_table[i, :n] = perm[pos : pos + n]
+        pos += n
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, s_q, h, 576, device="cuda").to(torch.bfloat16)
+    qq = quantize_q(q)
+    md = decode_metadata(seqlens, s_q=s_q, heads=h)
+    out, lse = mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md)
+    return DecodeCase(q, qq, kv.view(total_pages, page_size, 576), cache, block_table, seqlens, causal, md, out, lse)
+
+
+def verify_decode(case: DecodeCase, name: str) -> None:
+    """Two requests of the case's last output against the emulation (rel-L2 ≤ 2e-3): a fast
+    wrong kernel is not a result."""
+    from snapmla_cute import emulation
     from snapmla_cute import reference as ref
+
+    n = min(case.q.shape[0], 2)
+    emu = emulation.mla_decode_emulated(case.q[:n], (case.cache.kv, case.cache.kv_scale), case.block_table[:n],
+                                        case.seqlens[:n], causal=case.causal)
+    err = ref.rel_l2(case.out[:n].float(), emu[0].bfloat16().float())
+    if err > 2e-3:
+        raise RuntimeError(f"decode {name}: rel-L2 {err:.2e} vs emulation")
+
+
+def dense_work(b: int, h: int, s_q: int, lens: list[int]) -> tuple[int, int]:
+    """A decode's bytes (644 per token; q, out and LSE) and FLOPs (QK over 576 dims, PV over 512)."""
+    tokens = sum(lens)
+    nbytes = tokens * 644 + b * s_q * h * (512 + 128 + 4 + 512 * 2 + 4)
+    return nbytes, 2 * (576 + 512) * s_q * h * tokens
+
+
+def dense_floor_us(b: int, h: int, s_q: int, lens: list[int], copy_tbps: float, peak_tflops: float) -> float:
+    """The decode's floor: its bytes at the copy bandwidth or its FLOPs at the tensor cores'
+    peak, whichever is longer."""
+    nbytes, flops = dense_work(b, h, s_q, lens)
+    return max(nbytes / (copy_tbps * 1e6), flops / (peak_tflops * 1e6))
+
+
+# a peer's figure → its columns (µs, × ours): FlashMLA's dense FP8 and BF16, sparse FP8 at
+# the same heads and at h64 (the padded path of 8 or 16 heads)
+PEER_COLUMNS = {
+    "dense_fp8": ("flashmla_fp8_us", "x_fp8"),
+    "bf16": ("flashmla_bf16_us", "x_bf16"),
+    "sparse": ("flashmla_sparse_us", "x_flashmla"),
+    "sparse_h64": ("padded_h64_us", "x_padded"),
+}
+
+
+def peer_columns(us: float, here: dict, anchored: dict) -> tuple[dict, dict]:
+    """Each peer's figure: the one timed in this run (``here``) where there is one, else the
+    anchors'. Returns ``(columns, figures)``: the row's columns (µs and × = peer ÷ ours per
+    ``PEER_COLUMNS``, and ``peer_src``: "here", "anchors", "mixed", or None without any
+    figure) and the figures by peer (what ``anchors.target_us`` takes)."""
+    figures, sources = {}, set()
+    for key in [k for k in PEER_COLUMNS if k in anchored or k in here]:
+        mine = here.get(key)
+        figures[key] = round(mine, 1) if mine else anchored.get(key)
+        if figures[key]:
+            sources.add("here" if mine else "anchors")
+    cols = {}
+    for key, v in figures.items():
+        us_col, x_col = PEER_COLUMNS[key]
+        cols[us_col] = v
+        cols[x_col] = round(v / us, 2) if v else None
+    cols["peer_src"] = sources.pop() if len(sources) == 1 else ("mixed" if sources else None)
+    return cols, figures
+
+
+def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True, peers_here: bool = True) -> list[dict]:
+    """Times ``mla_decode`` (pre-quantized q, reused metadata, CUDA-graph replay) and the
+    bf16-input path (quantize + decode); checks each shape against the emulation first.
+    FlashMLA's dense FP8 and BF16 decodes are timed on the same data where ``flash_mla``
+    runs here (``peers``), else their figures come from the anchors (column ``peer_src``)."""
+    from snapmla_cute import anchors, peers
+    from snapmla_cute.decode import _step_call
 
     name = torch.cuda.get_device_name()
     kind = anchors.device_kind(name)
@@ -181,61 +280,29 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
     for b, h, s_q, s_k, varlen in shapes:
         lens = decode_lengths(b, s_k, varlen)
         causal = s_q > 1
-        pages_per = [(L + page_size - 1) // page_size for L in lens]
-        total_pages = sum(pages_per)
-        cache = FP8KVCache.allocate(total_pages, page_size)
-        kv = (torch.randn(total_pages * page_size, 576, device="cuda") / 10).clamp(-1, 1).to(torch.bfloat16)
-        from snapmla_cute import append_kv
-
-        append_kv(cache, kv, torch.arange(total_pages * page_size, device="cuda"), check=False)
-        perm = torch.randperm(total_pages, device="cuda").int()
-        block_table = torch.zeros(b, max(pages_per), dtype=torch.int32, device="cuda")
-        pos = 0
-        for i, n in enumerate(pages_per):
-            block_table[i, :n] = perm[pos : pos + n]
-            pos += n
-        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        q = torch.randn(b, s_q, h, 576, device="cuda").to(torch.bfloat16)
-        qq = quantize_q(q)
-        md = decode_metadata(seqlens, s_q=s_q, heads=h)
-        out, lse = mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md)
-        if verify:  # two requests against the emulation before any timing
-            n_chk = min(b, 2)
-            emu = emulation.mla_decode_emulated(
-                q[:n_chk], (cache.kv, cache.kv_scale), block_table[:n_chk], seqlens[:n_chk], causal=causal
-            )
-            err = ref.rel_l2(out[:n_chk].float(), emu[0].bfloat16().float())
-            if err > 2e-3:
-                raise RuntimeError(f"decode b{b} h{h} s_q{s_q} s_k{s_k}: rel-L2 {err:.2e} vs emulation")
-        us = time_us(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
-        us_e2e = time_us(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
-        host = host_us_per_call(lambda: mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
-        host_bf16 = host_us_per_call(lambda: mla_decode(q, cache, block_table, seqlens, causal=causal, metadata=md, out=out, lse=lse, check=False))
-        from snapmla_cute.decode import _step_call
-
-        step, step_args = _step_call(qq, cache, block_table, seqlens, md, out, lse, None, causal)
+        shape = f"b{b} h{h} s_q{s_q} s_k{s_k}{' varlen' if varlen else ''}{' causal' if causal else ''}"
+        c = decode_case(b, h, s_q, lens, page_size, causal)
+        if verify:
+            verify_decode(c, shape)
+        call, call_bf16_q = c.serving_call(), c.serving_call(bf16_q=True)
+        us, us_e2e = time_us(call), time_us(call_bf16_q)
+        host, host_bf16 = host_us_per_call(call), host_us_per_call(call_bf16_q)
+        step, step_args = _step_call(c.qq, c.cache, c.block_table, c.seqlens, c.metadata, c.out, c.lse, None, causal)
         launch = host_us_per_call(lambda: step(*step_args))
-        fm_us = _flash_mla_us(q, kv, lens, block_table, page_size, causal, s_q)
-        tokens = sum(lens)
-        flops = 2 * (576 + 512) * s_q * h * tokens
-        nbytes = tokens * 644 + b * s_q * h * (512 + 128 + 4 + 512 * 2 + 4)
-        floor_us = max(nbytes / (copy_tbps * 1e6), flops / (peak * 1e6))
-        peers = anchors.peer_us(kind, b, h, s_q, s_k, varlen)
-        if fm_us:  # FlashMLA BF16 timed in this run beats the anchors' figure
-            peers["bf16"] = round(fm_us, 1)
-        target = anchors.target_us(peers, floor_us)
+        here = peers.dense_us(c.q, c.kv_pages, c.block_table, c.seqlens, causal=causal) if peers_here else {}
+        floor_us = dense_floor_us(b, h, s_q, lens, copy_tbps, peak)
+        nbytes, flops = dense_work(b, h, s_q, lens)
+        cols, figures = peer_columns(us, here, anchors.peer_us(kind, b, h, s_q, s_k, varlen))
+        target = anchors.target_us(figures, floor_us)
         rows.append(
             dict(
-                shape=f"b{b} h{h} s_q{s_q} s_k{s_k}{' varlen' if varlen else ''}{' causal' if causal else ''}",
+                shape=shape,
                 us=round(us, 1),
                 TFLOPS=round(flops / us / 1e6),
                 GBps=round(nbytes / us / 1e3),
                 floor_us=round(floor_us, 1),
                 pct_floor=round(100 * floor_us / us, 1),
-                flashmla_fp8_us=peers["dense_fp8"],
-                x_fp8=round(peers["dense_fp8"] / us, 2) if peers["dense_fp8"] else None,
-                flashmla_bf16_us=peers["bf16"],
-                x_bf16=round(peers["bf16"] / us, 2) if peers["bf16"] else None,
+                **cols,
                 target_us=target,
                 meets=(us <= target) if target else None,
                 e2e_bf16_q_us=round(us_e2e, 1),
@@ -243,9 +310,8 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True)
                 python_us=round(host - launch, 1),
                 host_bf16_q_us=round(host_bf16, 1),
                 launch_us=round(launch, 1),
-                flash_mla_here_us=round(fm_us, 1) if fm_us else None,
             )
         )
-        del cache, kv
+        del c
         torch.cuda.empty_cache()
     return rows

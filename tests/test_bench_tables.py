@@ -46,3 +46,37 @@ def test_ratio_chart(tmp_path):
     ]
     bench.plot_rows(rows, str(tmp_path / "r.png"))
     assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_decode_peer_columns_and_target():
+    # FlashMLA absent (``peers.dense_us`` gives Nones): the anchors' figures and target stand
+    peers = anchors.peer_us("H100", 32, 64, 1, 8192, False)
+    cols, figures = bench.peer_columns(75.0, dict(bf16=None, dense_fp8=None), peers)
+    assert figures == dict(dense_fp8=77.3, bf16=120.9) and cols["peer_src"] == "anchors"
+    assert list(cols) == ["flashmla_fp8_us", "x_fp8", "flashmla_bf16_us", "x_bf16", "peer_src"]
+    assert anchors.target_us(figures, 57.2) == 67.3
+    # timed here: the run's figures set the target
+    cols, figures = bench.peer_columns(75.0, dict(bf16=110.0, dense_fp8=70.0), peers)
+    assert cols["flashmla_fp8_us"] == 70.0 and cols["x_fp8"] == 0.93 and cols["peer_src"] == "here"
+    assert anchors.target_us(figures, 10.0) == round(70.0 / 1.3, 1)
+    # no figure at all (a shape the anchors lack, no flash_mla)
+    cols, figures = bench.peer_columns(75.0, {}, anchors.peer_us("H100", 3, 64, 1, 999, False))
+    assert cols["peer_src"] is None and anchors.target_us(figures, 10.0) is None
+
+
+def test_print_table_takes_every_rows_columns(capsys):
+    bench.print_table([dict(shape="a", us=1.0), dict(shape="b", us=2.0, x_fp8=1.234)])
+    out = capsys.readouterr().out
+    assert "x_fp8" in out and "1.23" in out
+
+
+def test_sparse_peer_columns_from_the_anchors():
+    from snapmla_cute.bench_sparse import sparse_peer
+
+    # 8 heads: beside FlashMLA padded to h64; 128: as is (the anchors' figures, nothing timed)
+    cols, figures = sparse_peer("H100", 64, 8, 1, 2048, 8192, 40.5, None, None, None, here=False)
+    assert cols == dict(padded_h64_us=81.0, x_padded=2.0, peer_src="anchors") and figures == dict(sparse_h64=81.0)
+    cols, _ = sparse_peer("H100", 128, 128, 1, 2048, 8192, 110.0, None, None, None, here=False)
+    assert cols == dict(flashmla_sparse_us=178.3, x_flashmla=1.62, peer_src="anchors")
+    cols, _ = sparse_peer("H200", 128, 128, 1, 2048, 8192, 110.0, None, None, None, here=False)
+    assert cols == dict(flashmla_sparse_us=None, x_flashmla=None, peer_src=None)
