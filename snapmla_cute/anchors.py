@@ -1,7 +1,7 @@
 """Reference figures measured on the lent GPUs, per device kind (timings compare only
 within one kind): FlashMLA BF16 dense decode (2026-11-21, torch 2.11, triton do_bench medians;
 page 64, randn/10 KV, shuffled pages, causal for s_q > 1), FlashMLA's Hopper kernels side by
-side (2026-11-23, below) and device ceilings.
+side (2026-11-23, below), device ceilings, and the latency targets of ``bench latency``.
 """
 
 FLASHMLA_BF16_US = {
@@ -110,3 +110,23 @@ FLASHMLA_SPARSE_H64_PADDED_US = {
         (64, 4, 2048, 8192): 221.9,
     },
 }
+
+
+# ``snapmla-cute bench latency``'s targets, set for the H100 (none on other kinds): batches of
+# 1-8, where launch latency, the in-kernel plan and the split merge set the time, not bandwidth
+LATENCY_TARGETS_US = {
+    "H100": {
+        # ("dense", b, h, s_k) or ("sparse", b, h, topk, s_k), s_q 1: µs
+        ("dense", 1, 128, 640): 9.0,
+        ("dense", 1, 64, 8192): 11.0,
+        ("dense", 8, 128, 8192): 19.0,
+        ("sparse", 1, 128, 2048, 8192): 10.0,
+        ("sparse", 1, 8, 2048, 8192): 8.0,
+        ("sparse", 8, 8, 2048, 8192): 9.0,
+    },
+}
+
+
+def latency_target_us(kind: str | None, spec: tuple) -> float | None:
+    """The latency target of a ``bench latency`` row on this device kind, if one is set."""
+    return LATENCY_TARGETS_US.get(kind, {}).get(spec) if kind else None

@@ -61,10 +61,14 @@ def _bench(args):
         from snapmla_cute.bench_sparse import FEW_HEAD_SHAPES, bench_sparse
 
         if args.few_heads:
-            rows = bench_sparse(FEW_HEAD_SHAPES, page_size=args.page_size, few_heads=True)
+            rows = bench_sparse(FEW_HEAD_SHAPES, page_size=args.page_size, few_heads=True, peers_here=args.peers)
         else:
-            rows = bench_sparse(page_size=args.page_size)
+            rows = bench_sparse(page_size=args.page_size, peers_here=args.peers)
         print_table(rows, json_path=args.json)
+    elif args.what == "latency":
+        from snapmla_cute.bench_latency import bench_latency
+
+        print_table(bench_latency(page_size=args.page_size, peers_here=args.peers), json_path=args.json)
     else:
         from snapmla_cute.bench import DECODE_SHAPES, plot_rows
 
@@ -77,7 +81,7 @@ def _bench(args):
                 print(f"--shape {spec!r}: expected b,h,s_q,s_k[,varlen]")
                 return 2
             shapes.append((b, h, s_q, s_k, len(parts) > 4 and parts[4] == "varlen"))
-        rows = bench_decode(shapes=shapes, page_size=args.page_size)
+        rows = bench_decode(shapes=shapes, page_size=args.page_size, peers_here=args.peers)
         print_table(rows, json_path=args.json)
         if args.plot:
             plot_rows(rows, args.plot)
@@ -181,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_compile)
 
     b = sub.add_parser("bench", help="time the kernels on the GPU and print a table")
-    b.add_argument("what", nargs="?", choices=["decode", "fused", "sparse", "cp"], default="decode")
+    b.add_argument("what", nargs="?", choices=["decode", "fused", "sparse", "latency", "cp"], default="decode",
+                   help="decode: the standard shapes; fused: the fused kernels' bandwidth; sparse: the top-k decode; "
+                        "latency: batches 1-8, dense and sparse, with targets; cp: context parallel (torchrun)")
     b.add_argument("--tokens", type=int, nargs="+", default=[1 << 16, 1 << 20, 1 << 22])
     b.add_argument("--page-size", type=int, default=64)
     b.add_argument("--json", help="also write the rows as JSON here")
@@ -189,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode shape to time (repeatable); replaces the standard table unless --with-standard")
     b.add_argument("--with-standard", action="store_true", help="time --shape rows after the standard ones")
     b.add_argument("--plot", metavar="PNG", help="write a bar chart of the decode rows")
+    b.add_argument("--no-peers", dest="peers", action="store_false",
+                   help="decode, sparse, latency: take FlashMLA's figures from the anchors file even where flash_mla runs here")
     b.add_argument("--few-heads", action="store_true",
                    help="with sparse (ignored otherwise): the 8- and 16-head rows (tensor-parallel serving) against their floor and the padded h64 path")
     b.set_defaults(func=_bench)

@@ -38,6 +38,7 @@ TOOL_MODULES = {
     "snapmla_cute.bench",
     "snapmla_cute.bench_cp",
     "snapmla_cute.bench_sparse",
+    "snapmla_cute.bench_latency",
     "snapmla_cute.peers",
     "snapmla_cute.timing",
     "snapmla_cute.accuracy",

@@ -4,6 +4,7 @@ cache the sparse bench rows take ~25 s this way instead of a compile per row ins
 bench, one after the other.
 
     python3 profiles/experiments/warm_bench.py sparse decode && snapmla-cute bench sparse
+    python3 profiles/experiments/warm_bench.py latency && snapmla-cute bench latency
 
 ``warm(items)`` does the same for an experiment's own list: ``("sparse", (b, h, s_q, topk,
 s_k), tuning)`` or ``("dense", (b, h, s_q, s_k, causal, varlen), tuning)`` with ``tuning`` the
@@ -61,8 +62,9 @@ def dense_beside(sparse_shapes):
 
 def bench_items(which):
     """The rows of ``snapmla-cute bench sparse`` (the dense decode beside each DSA row; the
-    ``--few-heads`` rows) and of ``bench decode``, shipped tuning."""
+    ``--few-heads`` rows), of ``bench decode`` and of ``bench latency``, shipped tuning."""
     from snapmla_cute.bench import DECODE_SHAPES
+    from snapmla_cute.bench_latency import latency_shapes
     from snapmla_cute.bench_sparse import FEW_HEAD_SHAPES, SPARSE_SHAPES
 
     out = []
@@ -70,6 +72,10 @@ def bench_items(which):
         out += [("sparse", s, {}) for s in SPARSE_SHAPES + FEW_HEAD_SHAPES] + dense_beside(SPARSE_SHAPES)
     if "decode" in which:
         out += [("dense", (b, h, s_q, s_k, s_q > 1, varlen), {}) for b, h, s_q, s_k, varlen in DECODE_SHAPES]
+    if "latency" in which:
+        for kind, b, h, *rest in latency_shapes():  # rest: (s_k,) dense, (topk, s_k) sparse
+            args = (b, h, 1, rest[0], False, False) if kind == "dense" else (b, h, 1, *rest)
+            out.append((kind, args, {}))
     return out
 
 
