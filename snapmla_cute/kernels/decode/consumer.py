@@ -21,7 +21,6 @@ from cutlass import Float32, Int32, Uint32
 from cutlass.cute.nvgpu import warpgroup
 
 from snapmla_cute.kernels.decode.args import ConsumerSync, DecodeInputs, DecodeMmas
-from snapmla_cute.format import CONTENT_DIM
 from snapmla_cute.kernels.decode.config import FP8, PV_SPLITS, DecodeConfig
 from snapmla_cute.kernels.decode.epilogue import Epilogue
 from snapmla_cute.kernels.decode.merge import Merger
@@ -34,7 +33,7 @@ from snapmla_cute.layouts import mma as M
 from snapmla_cute.layouts import p_permute as PP
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
-from snapmla_cute.ptx import ldsm_x4_trans, stsm_x4
+from snapmla_cute.ptx import stsm_x4
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,6 @@ class ConsumerTiles:
     acc_s_mn: cute.Tensor
     c_s_mn: cute.Tensor  # S's (row, column) coordinates per register
     rows_per_thr: int
-    v_base: Int32  # skip "v_ldsm": this lane's ldmatrix address of dims tile 0, k-step 0 in stage 0
 
     @classmethod
     def make(cls, cfg: DecodeConfig, mmas: DecodeMmas, smem: SmemTensors, wg: Int32, wg_tidx: Int32):
@@ -101,14 +99,9 @@ class ConsumerTiles:
         c_s = qk_thr.partition_C(cute.make_identity_tensor((L.M_TILE, L.BLOCK_N)))
         c_s_mn = cute.make_tensor(c_s.iterator, M.acc_mn_layout(mmas.qk, c_s.layout))
         rows_per_thr = cute.size(c_s_mn, mode=[0])
-        # V's dims 256 wg + 16 warp .. of token (lane) in the token-major SW128 tile
-        # (``layouts.smem.content_offset``; 9f9ec83's ``layouts/v_operand.py``)
-        warp, lane = wg_tidx // 32, wg_tidx % 32
-        v_base = (smem.kv_addr() + wg * 2 * L.CHUNK_BYTES + (lane >> 3) * 1024 + (lane & 7) * 128
-                  + ((warp ^ (lane & 7)) << 4))
         return cls(
             mmas, t_q, t_k, t_qr, t_kr, t_v, t_p, t_p_store, p_addr, acc_o, acc_o_mn, temps, temps_mn, acc_s,
-            acc_s_mn, c_s_mn, rows_per_thr, v_base,
+            acc_s_mn, c_s_mn, rows_per_thr,
         )
 
 
@@ -380,77 +373,26 @@ class Consumer:
         shared memory."""
         m = tiles.mmas
         temps = tiles.temps
-        # a work item: the blocks whose GEMMs land in one temporary, and the output split
-        if cutlass.const_expr("pv_pair" in self.cfg.skip and len(blocks) == 2):
-            # timing only: both blocks of a split in one temporary and one fp32 add (the
-            # shape of a lazy rescale that leaves γ = 1 for the own block)
-            work = [(blocks, h) for h in range(PV_SPLITS)]
-        else:
-            work = [([blk], h) for blk in blocks for h in range(PV_SPLITS)]
+        work = [(st, g, sl, regs, h) for st, g, sl, regs in blocks for h in range(PV_SPLITS)]
         n_t = len(temps)
-        v_ldsm = "v_ldsm" in self.cfg.skip
-        vfrags = []
-        if cutlass.const_expr(v_ldsm):
-            # timing only (the data movement of V as the register A operand of Oᵀ = Vᵀ·Pᵀ):
-            # each GEMM's A is a V fragment loaded from the token-major tile by ldmatrix.trans
-            # + prmt, two fragments double-buffered; B stays the stage's tile (P's bytes)
-            f_layout = M.c_to_a_layout(tiles.acc_s.layout, m.pv_rs.tv_layout_A.shape[1])
-            vfrags = [cute.make_rmem_tensor(f_layout, FP8) for _ in range(2)]
-            self.load_item(tiles, vfrags, work, 0)
         for w in cutlass.range_constexpr(len(work) + n_t - 1):
             if cutlass.const_expr(w < len(work)):
-                entries, h = work[w]
+                st, _, sl, regs, h = work[w]
                 acc = temps[w % n_t]
                 warpgroup.fence()
-                for e in cutlass.range_constexpr(len(entries)):
-                    st, _, sl, regs = entries[e]
-                    if cutlass.const_expr(v_ldsm):
-                        regs = vfrags[e] if len(entries) == 2 else vfrags[w % 2]
-                    for kb in cutlass.range_constexpr(cute.size(tiles.t_p, mode=[2])):
-                        zero = e == 0 and kb == 0
-                        if cutlass.const_expr(regs is not None):
-                            mma = m.pv_rs0 if zero else m.pv_rs
-                            cute.gemm(mma, acc, regs[None, None, kb], tiles.t_v[h][None, None, kb, st], acc)
-                        else:
-                            mma = m.pv0 if zero else m.pv_ss
-                            cute.gemm(mma, acc, tiles.t_p[None, None, kb, sl], tiles.t_v[h][None, None, kb, st], acc)
+                for kb in cutlass.range_constexpr(cute.size(tiles.t_p, mode=[2])):
+                    if cutlass.const_expr(regs is not None):
+                        mma = m.pv_rs0 if kb == 0 else m.pv_rs
+                        cute.gemm(mma, acc, regs[None, None, kb], tiles.t_v[h][None, None, kb, st], acc)
+                    else:
+                        mma = m.pv0 if kb == 0 else m.pv_ss
+                        cute.gemm(mma, acc, tiles.t_p[None, None, kb, sl], tiles.t_v[h][None, None, kb, st], acc)
                 warpgroup.commit_group()
-                if cutlass.const_expr(v_ldsm and n_t == 1 and len(entries) == 1 and w + 1 < len(work)):
-                    # the other fragment's GEMM is done: load the next one under this GEMM
-                    self.load_item(tiles, vfrags, work, w + 1)
             d = w - (n_t - 1)  # the GEMM to finish now
             if cutlass.const_expr(d >= 0):
                 warpgroup.wait_group(min(n_t - 1, len(work) - 1 - d))
-                entries, h = work[d]
-                self.rescale_add(tiles.acc_o_mn[h], tiles.temps_mn[d % n_t], entries[0][1])
-                if cutlass.const_expr(v_ldsm and n_t > 1 and d + 2 < len(work)):
-                    # GEMM d is done, so its fragment takes GEMM d + 2's V
-                    self.load_item(tiles, vfrags, work, d + 2)
-                if cutlass.const_expr(v_ldsm and len(entries) == 2 and d + 1 < len(work)):
-                    self.load_item(tiles, vfrags, work, d + 1)  # a pair uses both fragments
-
-    @cute.jit
-    def load_item(self, tiles: ConsumerTiles, vfrags: list, work: list, w: cutlass.Constexpr):
-        """Skip "v_ldsm": the V fragments of PV work item ``w`` (one block: fragment w % 2;
-        a pair: one each)."""
-        entries, h = work[w]
-        for e in cutlass.range_constexpr(len(entries)):
-            self.load_v(tiles, vfrags[e] if len(entries) == 2 else vfrags[w % 2], entries[e][0], h)
-
-    @cute.jit
-    def load_v(self, tiles: ConsumerTiles, frag: cute.Tensor, stage: Int32, h: cutlass.Constexpr):
-        """Skip "v_ldsm" (timing only): V of this WG's dims tile ``h`` of ``stage`` as A-operand
-        words, per 32-token k-step one ldmatrix.x4.trans and four prmt (9f9ec83's
-        ``load_v_frag``)."""
-        words = cute.recast_tensor(frag, Uint32)
-        base = tiles.v_base + stage * (L.BLOCK_N * CONTENT_DIM)
-        for kb in cutlass.range_constexpr(cute.size(words, mode=[2])):
-            addr = (base ^ (64 * (h % 2))) + (h // 2) * L.CHUNK_BYTES + kb * (32 * 128)
-            r0, r1, r2, r3 = ldsm_x4_trans(addr)
-            w4 = [cute.arch.prmt(r0, r1, 0x6420), cute.arch.prmt(r0, r1, 0x7531),
-                  cute.arch.prmt(r2, r3, 0x6420), cute.arch.prmt(r2, r3, 0x7531)]
-            for i in cutlass.range_constexpr(4):
-                words[i, 0, kb] = Uint32(w4[i])
+                _, g, _, _, h = work[d]
+                self.rescale_add(tiles.acc_o_mn[h], tiles.temps_mn[d % n_t], g)
 
     @cute.jit
     def rescale_add(self, acc_mn, blk_mn, gamma):
