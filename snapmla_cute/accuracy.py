@@ -29,8 +29,11 @@ import torch
 from snapmla_cute import emulation
 from snapmla_cute import reference as ref
 
-CONFIG_ORDER = ("snapmla", "A", "B", "C", "D", "flashmla_fp8", "v32")
+CONFIG_ORDER = ("snapmla", "A", "B", "C", "D", "flashmla_fp8", "v32", "bf16")
 DISTS = ("flashmla", "paper", "realistic", "stress")
+# the query's precision of SnapMLA's rows in the formats table (``--q-precision``)
+Q_PRECISIONS = {"e4m3": "snapmla", "e4m3x2": "snapmla_x2"}
+ROTATIONS = ("off", "on", "both")
 
 
 def _student_t(shape, dof: int, gen: torch.Generator) -> torch.Tensor:
@@ -101,6 +104,27 @@ def _realistic_queries(k: torch.Tensor, ch: torch.Tensor, s_q: int, h: int, gen:
     s = torch.einsum("bshd,bld->bshl", q.double(), kb) * ref.default_softmax_scale()
     spread = torch.maximum(s.std(-1, keepdim=True), (s - s.mean(-1, keepdim=True)).abs().amax(-1, keepdim=True) / 4)
     return q * (logit_std / spread).float()
+
+
+def hadamard_rotation(n: int, gen: torch.Generator) -> torch.Tensor:
+    """An orthogonal ``[n, n]`` float64 matrix H·D: the normalized Walsh–Hadamard matrix (n a
+    power of two) times random signs, drawn from ``gen``. Rotating Q's and K's content by it
+    leaves every logit as it was (q R · k R = q · k); O comes out rotated (P·V R), so a model
+    folds R into its query and latent projections and Rᵀ into the output's."""
+    if n & (n - 1):
+        raise ValueError(f"hadamard_rotation: n must be a power of two, got {n}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0).double()
+    return h / math.sqrt(n) * signs
+
+
+def _rotate_content(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """x ``[..., 576]`` bf16 with its 512 content dims rotated by ``r``, back in bf16 (what a
+    model with R folded into its weights would write)."""
+    c = (x[..., :512].double() @ r).to(x.dtype)
+    return torch.cat([c, x[..., 512:]], dim=-1)
 
 
 def make_inputs(dist: str, b: int, s_q: int, h: int, L: int, page_size: int, gen: torch.Generator):
@@ -192,42 +216,77 @@ def accuracy_study(
     seeds=(0, 1, 2, 3),
     device: str = "cpu",
     table: str = "formats",
+    q_precisions=("e4m3",),
+    rotate: str = "off",
 ) -> list[dict]:
     """One row per (data set, length, config of ``TABLES[table]``): rel-L2, cos diff and RMSE
     are means over ``seeds`` (each seed a fresh draw of q and K), the LSE error the max.
 
-    ``table``: "formats" (SnapMLA, Configs A–D, FlashMLA's dense FP8 and V3.2 formats),
+    ``table``: "formats" (SnapMLA, Configs A–D, FlashMLA's dense FP8, V3.2 and BF16 formats),
     "budget" (each quantization step alone; the largest is marked ``dominant``) or "p"
-    (P quantization variants of SnapMLA)."""
-    spec = TABLES[table]
+    (P quantization variants of SnapMLA). ``q_precisions`` (formats table): SnapMLA's row
+    once per query precision of ``Q_PRECISIONS`` ("e4m3x2": the accurate mode's hi + lo).
+    ``rotate``: "on" runs every row on Q and K whose 512 content dims are rotated by
+    ``hadamard_rotation`` (a fresh one per seed; the output rotated back), "both" runs each
+    row without and with it (the rotated one labelled so)."""
+    spec = _spec(table, q_precisions)
+    if rotate not in ROTATIONS:
+        raise ValueError(f"rotate: expected one of {ROTATIONS}, got {rotate!r}")
+    passes = {"off": (False,), "on": (True,), "both": (False, True)}[rotate]
     rows = []
     for dist in dists:
         for L in lengths:
-            per_cfg = {label: [] for label, _, _ in spec}
+            per_cfg = {(label, rot): [] for rot in passes for label, _, _ in spec}
             for seed in seeds:
                 gen = torch.Generator().manual_seed(1_000_003 * seed + L)
                 q, k_pages, bt, lens = make_inputs(dist, batch, s_q, heads, L, page_size, gen)
                 q, k_pages = q.to(device), k_pages.to(device)
-                out_x, lse_x = ref.mla_decode_exact(q, k_pages, bt, lens)
-                fp8_cache = ref.quantize_kv_cache(k_pages)
-                for label, cfg, mma in spec:
-                    # SnapMLA reads the FP8 cache, exactly as the kernel; the others quantize here
-                    cache = fp8_cache if cfg == emulation.SNAPMLA else k_pages
-                    out, lse = emulation.mla_decode_emulated(q, cache, bt, lens, config=cfg, mma=mma)
-                    per_cfg[label].append(
-                        (ref.rel_l2(out, out_x), ref.cos_diff(out, out_x), ref.rmse(out, out_x), ref.lse_max_abs(lse, lse_x))
+                r = hadamard_rotation(512, gen).to(device) if True in passes else None
+                for rot in passes:
+                    qi, ki = (_rotate_content(q, r), _rotate_content(k_pages, r)) if rot else (q, k_pages)
+                    # the reference sees the values the model wrote (rotated ones in bf16),
+                    # so each row measures its quantization, not the rotation's bf16 rounding
+                    out_x, lse_x = ref.mla_decode_exact(qi, ki, bt, lens)
+                    if rot:
+                        out_x = (out_x.double() @ r.T).to(out_x.dtype)
+                    fp8_cache = ref.quantize_kv_cache(ki)
+                    for label, cfg, mma in spec:
+                        # SnapMLA reads the FP8 cache, exactly as the kernel; the others quantize here
+                        cache = fp8_cache if cfg == emulation.SNAPMLA else ki
+                        out, lse = emulation.mla_decode_emulated(qi, cache, bt, lens, config=cfg, mma=mma)
+                        if rot:
+                            out = (out.double() @ r.T).float()
+                        per_cfg[(label, rot)].append(
+                            (ref.rel_l2(out, out_x), ref.cos_diff(out, out_x), ref.rmse(out, out_x),
+                             ref.lse_max_abs(lse, lse_x))
+                        )
+            for rot in passes:
+                block = []
+                for label, _, _ in spec:
+                    vals = per_cfg[(label, rot)]
+                    mean = [sum(v[i] for v in vals) / len(vals) for i in range(3)]
+                    block.append(
+                        dict(dist=dist, L=L, config=label + (" (rotated)" if rot and rotate == "both" else ""),
+                             rel_l2=mean[0], cos_diff=mean[1], rmse=mean[2], lse_max_abs=max(v[3] for v in vals),
+                             dominant=False, rotated=rot)
                     )
-            block = []
-            for label, vals in per_cfg.items():
-                mean = [sum(v[i] for v in vals) / len(vals) for i in range(3)]
-                block.append(
-                    dict(dist=dist, L=L, config=label, rel_l2=mean[0], cos_diff=mean[1], rmse=mean[2],
-                         lse_max_abs=max(v[3] for v in vals), dominant=False)
-                )
-            if table == "budget":
-                max(block[_SINGLE_STEPS], key=lambda r: r["rel_l2"])["dominant"] = True
-            rows += block
+                if table == "budget":
+                    max(block[_SINGLE_STEPS], key=lambda x: x["rel_l2"])["dominant"] = True
+                rows += block
     return rows
+
+
+def _spec(table: str, q_precisions) -> tuple:
+    """The rows of ``TABLES[table]``, SnapMLA's once per query precision (formats only)."""
+    bad = [p for p in q_precisions if p not in Q_PRECISIONS]
+    if bad or not q_precisions:
+        raise ValueError(f"q_precisions: expected some of {tuple(Q_PRECISIONS)}, got {tuple(q_precisions)!r}")
+    if tuple(q_precisions) == ("e4m3",):
+        return TABLES[table]
+    if table != "formats":
+        raise ValueError(f"q_precisions: the {table!r} table runs SnapMLA's e4m3 query only (it has its own hi + lo row)")
+    snapmla = [(emulation.CONFIGS[Q_PRECISIONS[p]].name, emulation.CONFIGS[Q_PRECISIONS[p]], None) for p in q_precisions]
+    return tuple(snapmla) + tuple(row for row in FORMATS if row[1] != emulation.SNAPMLA)
 
 
 def print_accuracy(rows, markdown: bool = False):

@@ -12,7 +12,7 @@ def _accuracy(args):
 
     rows = accuracy_study(
         lengths=args.lengths, dists=args.data, batch=args.batch, heads=args.heads, seeds=args.seeds,
-        device=args.device, table=args.table,
+        device=args.device, table=args.table, q_precisions=args.q_precision, rotate=args.rotate,
     )
     print_accuracy(rows, markdown=args.markdown)
 
@@ -171,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--batch", type=int, default=4)
     a.add_argument("--heads", type=int, default=64)
     a.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="metrics: mean (LSE: max) over seeds")
+    a.add_argument("--q-precision", nargs="+", default=["e4m3"], choices=["e4m3", "e4m3x2"],
+                   help="formats table: SnapMLA's row per query precision (e4m3x2: content as hi + lo e4m3)")
+    a.add_argument("--rotate", default="off", choices=["off", "on", "both"],
+                   help="Q and K content rotated by a random-sign Walsh-Hadamard matrix (output rotated back); both: each row twice")
     a.add_argument("--device", default="cpu")
     a.add_argument("--markdown", action="store_true", help="print a GitHub-markdown table")
     a.set_defaults(func=_accuracy)

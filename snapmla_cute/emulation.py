@@ -51,8 +51,9 @@ class QuantConfig:
 
     ``kv``: "per_token" (SnapMLA, Configs A), "per_tensor_static" / "per_tensor_dynamic"
     (Configs B, C), "per_block" (Config D), "per_tensor_all" (FlashMLA's dense FP8: all 576
-    dims e4m3 with one per-tensor scale, Q likewise) or "tile128" (FlashMLA's sparse V3.2
-    cache: four 128-channel power-of-two scales per token, dequantized to BF16, BF16 math).
+    dims e4m3 with one per-tensor scale, Q likewise), "tile128" (FlashMLA's sparse V3.2
+    cache: four 128-channel power-of-two scales per token, dequantized to BF16, BF16 math) or
+    "bf16" (a BF16 cache and query as they are: FlashMLA's BF16 decode, 1152 B per token).
     ``p``: how P enters the PV GEMM — "e4m3" (P' = P·σ_v, e4m3 with one scale per row and
     ``p_block`` keys: the kernel), "e5m2" (the same in e5m2), "e4m3_unit" (P ∈ [0, 1]
     converted as is, FlashMLA dense), "bf16" (P' in bf16), "none" (fp32).
@@ -83,9 +84,12 @@ CONFIG_D = QuantConfig("D: per-block 64x64", "per_block")
 # sparse V3.2 cache format (tile scales, BF16 after dequantization).
 FLASHMLA_FP8 = QuantConfig("FlashMLA dense FP8 (per-tensor, RoPE e4m3)", "per_tensor_all", p="e4m3_unit")
 V32_TILE128 = QuantConfig("V3.2 tile-128 pow2 scales, BF16 math", "tile128", q_quant=False, p="bf16")
+BF16_KV = QuantConfig("BF16 KV cache (FlashMLA BF16)", "bf16", q_quant=False, p="bf16")
+# the accurate mode's query (``q_precision="e4m3x2"``): content as hi + lo e4m3 on one scale
+SNAPMLA_X2 = QuantConfig("SnapMLA, Q e4m3x2 (hi + lo)", "per_token", q_split=True)
 CONFIGS = {
-    "snapmla": SNAPMLA, "A": CONFIG_A, "B": CONFIG_B, "C": CONFIG_C, "D": CONFIG_D,
-    "flashmla_fp8": FLASHMLA_FP8, "v32": V32_TILE128,
+    "snapmla": SNAPMLA, "snapmla_x2": SNAPMLA_X2, "A": CONFIG_A, "B": CONFIG_B, "C": CONFIG_C, "D": CONFIG_D,
+    "flashmla_fp8": FLASHMLA_FP8, "v32": V32_TILE128, "bf16": BF16_KV,
 }
 
 
@@ -107,7 +111,7 @@ class _QuantizedK:
 
 def _quantize_q(q: torch.Tensor, cfg: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """q ``[..., 576]`` → (codes ``[..., 576]`` as fp32 values, scale ``[...]``)."""
-    if cfg.kv == "tile128" or (cfg.kv == "per_tensor_all" and not cfg.q_quant):
+    if cfg.kv in ("tile128", "bf16") or (cfg.kv == "per_tensor_all" and not cfg.q_quant):
         return q.float(), torch.ones(q.shape[:-1], dtype=torch.float32, device=q.device)
     if cfg.kv == "per_tensor_all":  # one dynamic scale for all of Q, RoPE included
         s = torch.full(q.shape[:-1], max(float(q.float().abs().max()), AMAX_FLOOR) / FP8_MAX, device=q.device)
@@ -143,6 +147,9 @@ def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) ->
         codes = to_e4m3(kf / s).float()
         sv = torch.ones(L, dtype=torch.float32, device=k.device) * s
         return _QuantizedK(codes, sv, codes[:, :CONTENT_DIM], sv)
+    if cfg.kv == "bf16":
+        kb = kf.to(torch.bfloat16).float()
+        return _QuantizedK(kb, ones, kb[:, :CONTENT_DIM], ones)
     if cfg.kv == "tile128":
         # 128-channel tiles, scale 2^ceil(log2(amax/448)); code·scale is exact in bf16
         tiles = kf[:, :CONTENT_DIM].view(L, CONTENT_DIM // 128, 128)

@@ -150,3 +150,46 @@ def test_split_query_keeps_hi_plus_lo_and_removes_most_of_qs_error():
     o_split, _ = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens, config=split)
     o_plain, _ = emulation.mla_decode_emulated(q, ref.quantize_kv_cache(k_pages), bt, lens)
     assert ref.rel_l2(o_split, out_x) < 0.5 * ref.rel_l2(o_plain, out_x)
+
+
+def test_hadamard_rotation_is_orthogonal_and_keeps_every_logit():
+    gen = torch.Generator().manual_seed(5)
+    r = acc.hadamard_rotation(512, gen)
+    assert torch.allclose(r @ r.T, torch.eye(512, dtype=torch.float64), atol=1e-12)
+    assert set((r.abs() * math.sqrt(512)).round().unique().tolist()) == {1.0}  # ±1/√512 everywhere
+    assert not torch.equal(r, acc.hadamard_rotation(512, torch.Generator().manual_seed(6)))  # signs drawn
+    with pytest.raises(ValueError, match="power of two"):
+        acc.hadamard_rotation(576, gen)
+    # q R · k R = q · k, and O comes out as O R: exact attention on rotated inputs, rotated
+    # back, is exact attention on the originals (float64, no bf16 rounding in between)
+    q, k_pages, bt, lens = _case("realistic")
+    q64, k64 = q.double(), k_pages.double()
+    rot = lambda x: torch.cat([x[..., :512] @ r, x[..., 512:]], dim=-1)  # noqa: E731
+    out, lse = ref.mla_decode_exact(q64, k64, bt, lens)
+    out_r, lse_r = ref.mla_decode_exact(rot(q64), rot(k64), bt, lens)
+    assert torch.allclose(out_r.double() @ r.T, out.double(), atol=1e-9)
+    assert torch.allclose(lse_r, lse, atol=1e-9)
+
+
+def test_q_precisions_rotation_and_bf16_rows(capsys):
+    from snapmla_cute.cli import main
+
+    kw = dict(lengths=(256,), dists=("realistic",), batch=1, heads=16, seeds=(0,))
+    rows = acc.accuracy_study(**kw, q_precisions=("e4m3", "e4m3x2"), rotate="both")
+    names = [r["config"] for r in rows]
+    assert names[:2] == [emulation.SNAPMLA.name, emulation.SNAPMLA_X2.name]
+    assert emulation.BF16_KV.name in names and f"{emulation.SNAPMLA.name} (rotated)" in names
+    assert len(names) == 2 * (len(acc.FORMATS) + 1) and sum(r["rotated"] for r in rows) == len(names) // 2
+    by = {r["config"]: r["rel_l2"] for r in rows}
+    assert by[emulation.SNAPMLA_X2.name] < 0.5 * by[emulation.SNAPMLA.name]
+    assert by[emulation.BF16_KV.name] < 1e-3  # BF16 Q, K and P: far below every FP8 format
+    assert [r["config"] for r in acc.accuracy_study(**kw, rotate="on")] == [label for label, _, _ in acc.FORMATS]
+    with pytest.raises(ValueError, match="q_precisions"):
+        acc.accuracy_study(**kw, q_precisions=("e5m2",))
+    with pytest.raises(ValueError, match="q_precisions"):
+        acc.accuracy_study(**kw, table="budget", q_precisions=("e4m3x2",))
+    with pytest.raises(ValueError, match="rotate"):
+        acc.accuracy_study(**kw, rotate="yes")
+    assert main(["accuracy", "--data", "realistic", "--lengths", "256", "--batch", "1", "--heads", "16", "--seeds", "0",
+                 "--q-precision", "e4m3", "e4m3x2", "--rotate", "on"]) == 0
+    assert "Q e4m3x2" in capsys.readouterr().out
