@@ -189,8 +189,7 @@ BUDGET = (
     # what removing the largest step on MLA-like data would buy: Q kept in fp32, or Q's
     # content as two e4m3 terms (hi + lo, one scale; a second QK content chain in a kernel)
     ("SnapMLA with Q unquantized", emulation.QuantConfig("SnapMLA, Q fp32", "per_token", q_quant=False), "hopper"),
-    ("SnapMLA with Q as hi + lo e4m3", emulation.QuantConfig("SnapMLA, Q hi + lo", "per_token", q_split=True),
-     "hopper"),
+    ("SnapMLA with Q as hi + lo e4m3", emulation.SNAPMLA_X2, "hopper"),
 )
 _SINGLE_STEPS = slice(1, 6)
 # SnapMLA with another P quantization (everything else as the kernel).
@@ -228,7 +227,7 @@ def accuracy_study(
     once per query precision of ``Q_PRECISIONS`` ("e4m3x2": the accurate mode's hi + lo).
     ``rotate``: "on" runs every row on Q and K whose 512 content dims are rotated by
     ``hadamard_rotation`` (a fresh one per seed; the output rotated back), "both" runs each
-    row without and with it (the rotated one labelled so)."""
+    row without and with it; a rotated row's label says so."""
     spec = _spec(table, q_precisions)
     if rotate not in ROTATIONS:
         raise ValueError(f"rotate: expected one of {ROTATIONS}, got {rotate!r}")
@@ -266,7 +265,7 @@ def accuracy_study(
                     vals = per_cfg[(label, rot)]
                     mean = [sum(v[i] for v in vals) / len(vals) for i in range(3)]
                     block.append(
-                        dict(dist=dist, L=L, config=label + (" (rotated)" if rot and rotate == "both" else ""),
+                        dict(dist=dist, L=L, config=label + (" (rotated)" if rot else ""),
                              rel_l2=mean[0], cos_diff=mean[1], rmse=mean[2], lse_max_abs=max(v[3] for v in vals),
                              dominant=False, rotated=rot)
                     )

@@ -76,7 +76,8 @@ def latency_row(spec: tuple, us: float, host_us: float, floor_us: float, here: d
 
 def _dense_row(spec, kind, copy_tbps, peak, page_size, verify, peers_here):
     from snapmla_cute import anchors, peers
-    from snapmla_cute.bench import decode_case, dense_floor_us, host_us_per_call, time_us, verify_decode
+    from snapmla_cute.bench import decode_case, dense_floor_us, verify_decode
+    from snapmla_cute.timing import host_us_per_call, time_us
 
     _, b, h, s_k = spec
     c = decode_case(b, h, 1, [s_k] * b, page_size)
@@ -92,7 +93,7 @@ def _dense_row(spec, kind, copy_tbps, peak, page_size, verify, peers_here):
 
 def _sparse_row(spec, kind, copy_tbps, page_size, verify, peers_here):
     from snapmla_cute import anchors, mla_decode_sparse, peers
-    from snapmla_cute.bench import host_us_per_call, time_us
+    from snapmla_cute.timing import host_us_per_call, time_us
     from snapmla_cute.bench_sparse import (flashmla_sparse_us, padded_h64_us, sparse_case_tokens,
                                            sparse_floor_us, verify_sparse)
 
@@ -118,7 +119,7 @@ def bench_latency(shapes=None, page_size: int = 64, verify: bool = True, peers_h
     import torch
 
     from snapmla_cute import anchors
-    from snapmla_cute.bench import measure_copy_tbps
+    from snapmla_cute.timing import measure_copy_tbps
 
     kind = anchors.device_kind(torch.cuda.get_device_name())
     copy_tbps = measure_copy_tbps()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from snapmla_cute.bench import measure_copy_tbps, time_us
+from snapmla_cute.timing import measure_copy_tbps, time_us
 
 # (b, h, s_q, topk, s_k): random distinct indices into s_k-token requests, as an indexer gives
 SPARSE_SHAPES = [

@@ -137,7 +137,7 @@ def test_study_tables_and_cli(capsys):
 
 def test_split_query_keeps_hi_plus_lo_and_removes_most_of_qs_error():
     q, k_pages, bt, lens = _case("realistic")
-    split = emulation.QuantConfig("split", "per_token", q_split=True)
+    split = emulation.SNAPMLA_X2
     codes, scale = emulation._quantize_q(q, split)
     plain, scale0 = emulation._quantize_q(q, emulation.SNAPMLA)
     assert codes.shape[-1] == 576 + 512 and torch.equal(scale, scale0)
@@ -183,7 +183,7 @@ def test_q_precisions_rotation_and_bf16_rows(capsys):
     by = {r["config"]: r["rel_l2"] for r in rows}
     assert by[emulation.SNAPMLA_X2.name] < 0.5 * by[emulation.SNAPMLA.name]
     assert by[emulation.BF16_KV.name] < 1e-3  # BF16 Q, K and P: far below every FP8 format
-    assert [r["config"] for r in acc.accuracy_study(**kw, rotate="on")] == [label for label, _, _ in acc.FORMATS]
+    assert [r["config"] for r in acc.accuracy_study(**kw, rotate="on")] == [f"{label} (rotated)" for label, _, _ in acc.FORMATS]
     with pytest.raises(ValueError, match="q_precisions"):
         acc.accuracy_study(**kw, q_precisions=("e5m2",))
     with pytest.raises(ValueError, match="q_precisions"):

@@ -43,7 +43,7 @@ def _compile(job):
 
 
 def empty_graph_us() -> float:
-    from snapmla_cute.bench import time_us
+    from snapmla_cute.timing import time_us
 
     x = torch.zeros(1, device="cuda")
     return time_us(lambda: x.add_(1))
@@ -51,7 +51,7 @@ def empty_graph_us() -> float:
 
 def main():
     from snapmla_cute import decode_metadata, mla_decode, mla_decode_sparse
-    from snapmla_cute.bench import time_us
+    from snapmla_cute.timing import time_us
     from snapmla_cute.bench_sparse import sparse_case
     from snapmla_cute.profiling import Shape, make_case
     from snapmla_cute.tuning import DECODE_TUNING

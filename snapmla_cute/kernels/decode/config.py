@@ -120,7 +120,8 @@ class DecodeConfig:
     kv_evict_first: bool = True
     # ---- profiling (wrong results or extra writes; never set by the library)
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
-    # "softmax", "store" (timing variants that leave one stage out)
+    # "softmax", "store" (timing variants that leave one stage out); "launch": the grid returns
+    # at entry (the launch's own cost)
     skip: tuple = ()
     # the e4m3 content chain of QK issued this many times (timing only: 2 is the tensor and
     # shared-memory work of a query kept as two e4m3 terms, hi + lo, without its extra tile)
