@@ -94,7 +94,7 @@ def _dense_row(spec, kind, copy_tbps, peak, page_size, verify, peers_here):
 def _sparse_row(spec, kind, copy_tbps, page_size, verify, peers_here):
     from snapmla_cute import anchors, mla_decode_sparse, peers
     from snapmla_cute.timing import host_us_per_call, time_us
-    from snapmla_cute.bench_sparse import (flashmla_sparse_us, padded_h64_us, sparse_case_tokens,
+    from snapmla_cute.bench_sparse import (anchored_sparse_us, sparse_case_tokens,
                                            sparse_floor_us, verify_sparse)
 
     _, b, h, topk, s_k = spec
@@ -108,8 +108,7 @@ def _sparse_row(spec, kind, copy_tbps, page_size, verify, peers_here):
 
     us, host = time_us(step), host_us_per_call(step)
     here = {"sparse": peers.sparse_fp8_us(q, kv_pages, indices)} if peers_here else {}
-    as_is = peers.sparse_heads(h) == h
-    anchored = {"sparse": flashmla_sparse_us(kind, b, h, 1, topk, s_k) if as_is else padded_h64_us(kind, b, 1, topk, s_k)}
+    anchored = {"sparse": anchored_sparse_us(kind, b, h, 1, topk, s_k)}
     return latency_row(spec, us, host, sparse_floor_us(b, h, 1, topk, copy_tbps), here, anchored,
                        anchors.latency_target_us(kind, spec))
 

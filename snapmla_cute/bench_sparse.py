@@ -117,9 +117,18 @@ def sparse_peer(kind, b, h, s_q, topk, s_k, us, kv_pages, q, indices, here: bool
 
     as_is = peers.sparse_heads(h) == h
     key = "sparse" if as_is else "sparse_h64"
-    anchored = flashmla_sparse_us(kind, b, h, s_q, topk, s_k) if as_is else padded_h64_us(kind, b, s_q, topk, s_k)
     mine = peers.sparse_fp8_us(q, kv_pages, indices) if here else None
-    return peer_columns(us, {key: mine}, {key: anchored})
+    return peer_columns(us, {key: mine}, {key: anchored_sparse_us(kind, b, h, s_q, topk, s_k)})
+
+
+def anchored_sparse_us(kind: str | None, b, h, s_q, topk, s_k) -> float | None:
+    """The anchors' FlashMLA sparse FP8 figure for a row: at 64 and 128 heads as is, at fewer
+    padded to 64 (as the peer runs it)."""
+    from snapmla_cute import peers
+
+    if peers.sparse_heads(h) == h:
+        return flashmla_sparse_us(kind, b, h, s_q, topk, s_k)
+    return padded_h64_us(kind, b, s_q, topk, s_k)
 
 
 def sparse_floor_us(b, h, s_q, topk, copy_tbps: float) -> float:
