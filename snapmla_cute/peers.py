@@ -191,35 +191,30 @@ def _dense_fp8(fm, q, kv_pages, block_table, cache_seqlens, causal, expect) -> f
     return _run(label, make_call, lambda out: _check(label, out[: CHECK_REQUESTS], expect(), PEER_TOLERANCE["dense_fp8"]))
 
 
-def dense_us(q, kv_pages, block_table, cache_seqlens, *, causal: bool = False) -> dict:
-    """Both dense peers on one row: ``dict(bf16=µs, dense_fp8=µs)`` (``anchors.peer_us``'s
-    keys), None for a peer not timed here."""
+_DENSE = {"bf16": _dense_bf16, "dense_fp8": _dense_fp8}
+
+
+def dense_us(q, kv_pages, block_table, cache_seqlens, *, causal: bool = False, which=tuple(_DENSE)) -> dict:
+    """The dense peers ``which`` on one row: ``dict(bf16=µs, dense_fp8=µs)`` (``anchors.peer_us``'s
+    keys), None for a peer not timed here (or not asked for)."""
+    times = dict.fromkeys(_DENSE)
     fm = flash_mla()
     if fm is None:
-        return dict(bf16=None, dense_fp8=None)
+        return times
     expect = _dense_expect(q, kv_pages, block_table, cache_seqlens, causal)
-    return dict(
-        bf16=_dense_bf16(fm, q, kv_pages, block_table, cache_seqlens, causal, expect),
-        dense_fp8=_dense_fp8(fm, q, kv_pages, block_table, cache_seqlens, causal, expect),
-    )
+    for key in which:
+        times[key] = _DENSE[key](fm, q, kv_pages, block_table, cache_seqlens, causal, expect)
+    return times
 
 
 def dense_bf16_us(q, kv_pages, block_table, cache_seqlens, *, causal: bool = False) -> float | None:
     """FlashMLA's BF16 dense decode on the row's tokens (µs), or None."""
-    fm = flash_mla()
-    if fm is None:
-        return None
-    expect = _dense_expect(q, kv_pages, block_table, cache_seqlens, causal)
-    return _dense_bf16(fm, q, kv_pages, block_table, cache_seqlens, causal, expect)
+    return dense_us(q, kv_pages, block_table, cache_seqlens, causal=causal, which=("bf16",))["bf16"]
 
 
 def dense_fp8_us(q, kv_pages, block_table, cache_seqlens, *, causal: bool = False) -> float | None:
     """FlashMLA's dense FP8 decode (per-tensor e4m3 q and cache) on the row's tokens (µs), or None."""
-    fm = flash_mla()
-    if fm is None:
-        return None
-    expect = _dense_expect(q, kv_pages, block_table, cache_seqlens, causal)
-    return _dense_fp8(fm, q, kv_pages, block_table, cache_seqlens, causal, expect)
+    return dense_us(q, kv_pages, block_table, cache_seqlens, causal=causal, which=("dense_fp8",))["dense_fp8"]
 
 
 def sparse_fp8_us(q, kv_pages, indices, *, topk_length=None) -> float | None:
