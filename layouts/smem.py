@@ -85,10 +85,11 @@ def _smem_layout(kind_name: str, dtype, shape, stages: int):
     return cute.tile_to_shape(atom, (*shape, stages), order=(0, 1, 2))
 
 
-def q_nope_layout():
+def q_nope_layout(stages: int = 1):
+    """Q's content tile; a second stage holds the accurate mode's residual codes (hi + lo)."""
     import cutlass
 
-    return _smem_layout("K_SW128", cutlass.Float8E4M3FN, (M_TILE, 512), 1)
+    return _smem_layout("K_SW128", cutlass.Float8E4M3FN, (M_TILE, 512), stages)
 
 
 def q_rope_layout():

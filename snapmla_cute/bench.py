@@ -264,11 +264,34 @@ def peer_columns(us: float, here: dict, anchored: dict) -> tuple[dict, dict]:
     return cols, figures
 
 
-def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True, peers_here: bool = True) -> list[dict]:
+def accurate_mode_us(case: DecodeCase, name: str, verify: bool = True) -> float:
+    """The case's serving call in the accurate mode (the query as hi + lo, ``quantize_q``'s
+    four tensors), checked against that mode's emulation first."""
+    from snapmla_cute import emulation, mla_decode, quantize_q
+    from snapmla_cute import reference as ref
+
+    c = case
+    qq = quantize_q(c.q, precision="e4m3x2")
+    call = lambda: mla_decode(qq, c.cache, c.block_table, c.seqlens, causal=c.causal, metadata=c.metadata,  # noqa: E731
+                              out=c.out, lse=c.lse, check=False)
+    call()
+    if verify:
+        n = min(c.q.shape[0], 2)
+        emu = emulation.mla_decode_emulated(c.q[:n], (c.cache.kv, c.cache.kv_scale), c.block_table[:n], c.seqlens[:n],
+                                            causal=c.causal, config=emulation.SNAPMLA_X2)
+        err = ref.rel_l2(c.out[:n].float(), emu[0].bfloat16().float())
+        if err > 2e-3:
+            raise RuntimeError(f"decode {name}, q_precision e4m3x2: rel-L2 {err:.2e} vs emulation")
+    return time_us(call)
+
+
+def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True, peers_here: bool = True,
+                 accurate: bool = False) -> list[dict]:
     """Times ``mla_decode`` (pre-quantized q, reused metadata, CUDA-graph replay) and the
     bf16-input path (quantize + decode); checks each shape against the emulation first.
     FlashMLA's dense FP8 and BF16 decodes are timed on the same data where ``flash_mla``
-    runs here (``peers``), else their figures come from the anchors (column ``peer_src``)."""
+    runs here (``peers``), else their figures come from the anchors (column ``peer_src``).
+    ``accurate``: also the accurate mode's time (``accurate_mode_us``) and its cost."""
     from snapmla_cute import anchors, peers
     from snapmla_cute.decode import _step_call
 
@@ -294,6 +317,10 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True,
         nbytes, flops = dense_work(b, h, s_q, lens)
         cols, figures = peer_columns(us, here, anchors.peer_us(kind, b, h, s_q, s_k, varlen))
         target = anchors.target_us(figures, floor_us)
+        extra = {}
+        if accurate:
+            x2 = accurate_mode_us(c, shape, verify)
+            extra = dict(e4m3x2_us=round(x2, 1), e4m3x2_cost_pct=round(100 * (x2 / us - 1), 1))
         rows.append(
             dict(
                 shape=shape,
@@ -310,6 +337,7 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True,
                 python_us=round(host - launch, 1),
                 host_bf16_q_us=round(host_bf16, 1),
                 launch_us=round(launch, 1),
+                **extra,
             )
         )
         del c

@@ -81,7 +81,7 @@ def _bench(args):
                 print(f"--shape {spec!r}: expected b,h,s_q,s_k[,varlen]")
                 return 2
             shapes.append((b, h, s_q, s_k, len(parts) > 4 and parts[4] == "varlen"))
-        rows = bench_decode(shapes=shapes, page_size=args.page_size, peers_here=args.peers)
+        rows = bench_decode(shapes=shapes, page_size=args.page_size, peers_here=args.peers, accurate=args.accurate)
         print_table(rows, json_path=args.json)
         if args.plot:
             plot_rows(rows, args.plot)
@@ -199,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode shape to time (repeatable); replaces the standard table unless --with-standard")
     b.add_argument("--with-standard", action="store_true", help="time --shape rows after the standard ones")
     b.add_argument("--plot", metavar="PNG", help="write a bar chart of the decode rows")
+    b.add_argument("--accurate", action="store_true",
+                   help="with decode: also the accurate mode (q_precision e4m3x2) at every row, and its cost in %%")
     b.add_argument("--no-peers", dest="peers", action="store_false",
                    help="decode, sparse, latency: take FlashMLA's figures from the anchors file even where flash_mla runs here")
     b.add_argument("--few-heads", action="store_true",

@@ -84,10 +84,23 @@ def all_variants(full: bool = True) -> list[tuple]:
             for h in (8, 64)]
     # the context-parallel decode: a shard's step (causal by visible-key counts) and the merge
     out += [(dc.STEP_NAME, dc.compile_step, c) for c in visible_variants()]
+    # the accurate mode (Q as hi + lo, three KV stages): its quantize call and the steps
+    out += [(q.CALL_NAME, q.compile_call, q.QuantQCallConfig(1, 128, q.QuantQConfig(split=True)))]
+    out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(c)) for c in split_variants()]
+    out += [(dc.STEP_Q_NAME, dc.compile_step_q, DecodeStepConfig(split_variants()[0]))]
     from snapmla_cute.kernels import lse_merge
 
     out += [(lse_merge.NAME, lse_merge.compile, lse_merge.LseMergeConfig(s, h)) for s, h in ((1, 128), (8, 8), (4, 16))]
     return out
+
+
+def split_variants() -> list:
+    """The accurate mode's decode configs at the quick shapes (``DecodeConfig.q_split``)."""
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.kernels.decode.config import Q_SPLIT_KV_STAGES
+
+    return [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, q_split=True, kv_stages=Q_SPLIT_KV_STAGES)
+            for h, s, p, c in QUICK_SHAPES]
 
 
 def visible_variants() -> list:

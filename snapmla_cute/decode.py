@@ -16,7 +16,7 @@ from snapmla_cute.checks import capturing as _capturing
 from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_values as _check_values
 from snapmla_cute.format import CONTENT_DIM
-from snapmla_cute.fused import quantize_q
+from snapmla_cute.fused import _check_precision, quantize_q
 from snapmla_cute.kernels import append_kv as _append_kv
 from snapmla_cute.kernels import decode_scheduler as _scheduler
 from snapmla_cute.kernels import dequant_kv as _dequant_kv
@@ -26,13 +26,13 @@ from snapmla_cute.planning import HEADS, DecodeMetadata, _check_cluster_parts, d
 from snapmla_cute.tuning import DECODE_TUNING, _hot_table, _launcher
 from snapmla_cute.validation import _query_values, _table_stats, _validate_decode
 
-_hot_steps = _hot_table()  # (heads, s_q, page_size, causal, bf16 q, visible, cluster) -> compiled decode step
+_hot_steps = _hot_table()  # (heads, s_q, page_size, causal, bf16 q, visible, cluster, q_split) -> compiled step
 _LOG2E = 1.4426950408889634
 _DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
 
 
 def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False, visible: bool = False,
-                   cluster: int = 1):
+                   cluster: int = 1, q_split: bool = False):
     """The compiled step (``decode_step``, or ``decode_step_q`` which quantizes a bf16 query
     first; ``visible``: causal by given visible-key counts, quantized query only), registered
     for the hot path."""
@@ -45,14 +45,21 @@ def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: b
         from snapmla_cute.kernels.decode.step import DecodeStepConfig
 
         extra = {"visible": True} if visible else {}
+        if q_split:  # the residual's Q tile takes one KV stage's shared memory
+            from snapmla_cute.kernels.decode.config import Q_SPLIT_KV_STAGES
+
+            extra.update(q_split=True, kv_stages=Q_SPLIT_KV_STAGES)
         kw = {"cluster": cluster, **DECODE_TUNING}
         if visible:
             kw["cluster"] = 1  # the context-parallel step: plain launches
-        return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **extra, **kw))
+        # the tuning may set kv_stages over the accurate mode's default
+        return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **{**extra, **kw}))
 
     step = decode_compile.compile_step_q if bf16_q else decode_compile.compile_step
-    fn = _launcher(step, (heads, s_q, page_size, causal, tuning, cluster) + (("visible",) if visible else ()), make)
-    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible, cluster)] = fn
+    key = (heads, s_q, page_size, causal, tuning, cluster) + (("visible",) if visible else ()) + (
+        ("q_split",) if q_split else ())
+    fn = _launcher(step, key, make)
+    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible, cluster, q_split)] = fn
     return fn
 
 
@@ -69,11 +76,14 @@ def mla_decode(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     check: bool = True,
+    q_precision: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SnapMLA FP8 paged decode.
 
     ``q``: bf16 ``[b, s_q, h, 576]`` (quantized here by the fused kernel) or the tuple
-    ``(q_nope, q_rope, q_scale)`` returned by :func:`quantize_q`. ``block_table`` int32
+    ``(q_nope, q_rope, q_scale)`` returned by :func:`quantize_q`; in the accurate mode
+    (``q_precision="e4m3x2"``, or :func:`quantize_q`'s four tensors with ``q_lo``) Q's
+    content runs as hi + lo, two QK content chains on one scale, with three KV stages. ``block_table`` int32
     ``[b, max_pages]``, ``cache_seqlens`` int32 ``[b]`` (0 allowed: zero output, -inf LSE).
     With ``causal``, query token ``i`` of ``s_q`` sees keys ``< L - s_q + i + 1``, or, with
     ``visible`` (int32 ``[b, s_q]``, contiguous), keys ``< visible[b, i]``: a cache holding
@@ -96,11 +106,11 @@ def mla_decode(
     call is explained by the same Python checks as the other paths (same errors, nothing
     written).
     """
-    if not check and metadata is not None and out is not None and lse is not None:
+    if not check and metadata is not None and out is not None and lse is not None and q_precision != "e4m3x2":
         try:
             bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
             fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None,
-                             _launch_cluster(metadata, visible))]
+                             _launch_cluster(metadata, visible), _is_split(q))]
         except (KeyError, AttributeError, TypeError):
             fn = None  # first call of this shape, or bad arguments: the full path below
         if fn is not None:
@@ -114,6 +124,7 @@ def mla_decode(
     b, s_q, h, q_dev = _validate_decode(
         q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal, visible
     )
+    _check_query_precision(q, q_precision)
     if check and b and not _capturing():
         _check_values(finite=_query_values(q), extra=_table_stats(block_table, cache_seqlens, cache))
     _check_capture_ready("mla_decode", "decode_metadata", metadata, out, lse)
@@ -121,6 +132,8 @@ def mla_decode(
         # the cluster choice reads the lengths: only where check already syncs
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h, cluster=None if check else 1)
     bf16_q = not isinstance(q, (tuple, list))
+    if bf16_q and q_precision == "e4m3x2":  # the accurate mode quantizes apart (hi + lo)
+        q, bf16_q = quantize_q(q, check=False, precision=q_precision), False
     if bf16_q:
         if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
             q, bf16_q = quantize_q(q, check=False), False
@@ -135,6 +148,22 @@ def mla_decode(
     fn, args = _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible)
     fn(*args)
     return out, lse
+
+
+def _is_split(q) -> bool:
+    """A quantized query in the accurate mode: ``quantize_q``'s four tensors (with q_lo)."""
+    return isinstance(q, (tuple, list)) and len(q) == 4
+
+
+def _check_query_precision(q, q_precision) -> None:
+    """``q_precision`` names one of ``fused.Q_PRECISIONS`` and, for a quantized query, the
+    one its tensors are (four: e4m3x2)."""
+    if q_precision is None:
+        return
+    split = _check_precision(q_precision)
+    if isinstance(q, (tuple, list)) and split != (len(q) == 4):
+        raise ValueError(f"q_precision: expected {'e4m3x2' if len(q) == 4 else 'e4m3'} for a quantized query of "
+                         f"{len(q)} tensors, got {q_precision!r}")
 
 
 def _step_query(q, metadata, softmax_scale) -> tuple:
@@ -154,8 +183,8 @@ def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     tensor goes in its own layout: the step builds its views; the step's two optional
     tensors, ``visible`` and the bf16 query, are always passed (None where absent)."""
     bf16_q, head, q_bf16, scale = _step_query(q, metadata, softmax_scale)
-    return bf16_q, (*head, block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale,
-                    visible, q_bf16)
+    args = (*head[:3], block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale, visible, q_bf16)
+    return bf16_q, args + head[3:]  # the accurate mode's q_lo last
 
 
 def _launch_cluster(metadata, visible) -> int:
@@ -171,7 +200,8 @@ def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     _, s_q, h, _ = args[0].shape
     _check_cluster_parts(metadata)
     cluster = _launch_cluster(metadata, visible)
-    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster), args
+    q_split = _is_split(q)
+    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster, q_split), args
 
 
 def warmup(

@@ -194,18 +194,25 @@ def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) ->
 
 
 def _qk(q_codes: torch.Tensor, kq: _QuantizedK, mma: str) -> torch.Tensor:
-    """The QK accumulator ``[R, L]``: with ``mma="hopper"`` 16 e4m3 instructions (then 16 more
-    for a split query's lo codes, ``q_codes [R, 576 + 512]``) and 4 bf16 RoPE ones on one
-    accumulator, as the kernel issues them; fp32 matmuls otherwise."""
+    """The QK accumulator ``[R, L]``: with ``mma="hopper"`` 16 e4m3 instructions (for a split
+    query's lo codes, ``q_codes [R, 576 + 512]``, each k-step's hi then lo: 32) and 4 bf16
+    RoPE ones on one accumulator, as the kernel issues them; fp32 matmuls otherwise."""
     k_content, k_rope = kq.qk_codes[:, :CONTENT_DIM], kq.qk_codes[:, CONTENT_DIM:]
     hi, rope, lo = q_codes[:, :CONTENT_DIM], q_codes[:, CONTENT_DIM:HEAD_DIM], q_codes[:, HEAD_DIM:]
     if mma != "hopper":
         if lo.shape[1]:  # hi + lo is exact in fp32
             return torch.cat([hi + lo, rope], dim=-1) @ kq.qk_codes.T
         return q_codes @ kq.qk_codes.T
-    acc = tensor_core_mma(hi, k_content)
     if lo.shape[1]:
-        acc = tensor_core_mma(lo, k_content, acc)
+        # the kernel issues each 32-wide k-step's hi and lo instructions back to back (one K
+        # descriptor for both: the longer chain then fits the consumers' registers)
+        acc = None
+        for k0 in range(0, CONTENT_DIM, 32):
+            ks = slice(k0, k0 + 32)
+            acc = tensor_core_mma(hi[:, ks], k_content[:, ks], acc)
+            acc = tensor_core_mma(lo[:, ks], k_content[:, ks], acc)
+    else:
+        acc = tensor_core_mma(hi, k_content)
     return tensor_core_mma(rope, k_rope, acc, kind="bf16")
 
 

@@ -47,15 +47,33 @@ def _run(compile_fn, key, make_config, args, validate):
         raise  # the Python checks found nothing: the compiled call's own error stands
 
 
-def _validate_quantize_q(q, out):
+Q_PRECISIONS = ("e4m3", "e4m3x2")  # the query's content as one e4m3 term, or as hi + lo
+
+
+def _check_precision(precision) -> bool:
+    """True for the accurate mode ("e4m3x2"); a clear error for anything but the two names."""
+    if precision not in Q_PRECISIONS:
+        raise ValueError(f"q_precision: expected one of {Q_PRECISIONS}, got {precision!r}")
+    return precision == "e4m3x2"
+
+
+def _validate_quantize_q(q, out, precision="e4m3"):
     _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
     _check_cuda(q=q)
+    split = _check_precision(precision)
     if out is not None:
-        if not isinstance(out, (tuple, list)) or len(out) != 3:
-            raise TypeError(f"out: expected (q_nope, q_rope, q_scale), got {type(out).__name__}"
+        names = "(q_nope, q_rope, q_scale, q_lo)" if split else "(q_nope, q_rope, q_scale)"
+        if not isinstance(out, (tuple, list)) or len(out) != 3 + split:
+            raise TypeError(f"out: expected {names} for q_precision {precision!r}, got {type(out).__name__}"
                             + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
         lead = q.shape[:-1]
-        q_nope, q_rope, q_scale = out
+        if split:
+            _check_tensor("out[3]", out[3], torch.float8_e4m3fn, last=CONTENT_DIM)
+            if out[3].shape[:-1] != lead:
+                raise ValueError(f"out[3]: expected shape {(*lead, CONTENT_DIM)}, got {tuple(out[3].shape)}")
+            _check_cuda(q_lo=out[3])
+            _check_same_device(q=q, q_lo=out[3])
+        q_nope, q_rope, q_scale = out[:3]
         _check_tensor("out[0]", q_nope, torch.float8_e4m3fn, last=CONTENT_DIM)
         _check_tensor("out[1]", q_rope, torch.bfloat16, last=ROPE_DIM)
         _check_tensor("out[2]", q_scale, torch.float32)
@@ -69,29 +87,32 @@ def _validate_quantize_q(q, out):
 
 
 def quantize_q(
-    q: torch.Tensor, *, check: bool = True, out: tuple | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, *, check: bool = True, out: tuple | None = None, precision: str = "e4m3"
+) -> tuple[torch.Tensor, ...]:
     """Fused-Q-Quant: bf16 ``q [b, s_q, h, 576]`` → the FP8 decode query, in one launch.
 
     Returns ``q_nope`` float8_e4m3fn ``[b, s_q, h, 512]`` (content / σ_q), ``q_rope`` bf16
     ``[b, s_q, h, 64]`` (RoPE / σ_q, Eq. 6) and ``q_scale`` fp32 ``[b, s_q, h]`` with
     σ_q = max(amax|q_content|, 1e-6) / 448 per (token, head). Bit-exact with
     ``reference.quantize_rows``. ``out`` may give the three output tensors (no allocation).
+    ``precision="e4m3x2"`` (the accurate mode) also returns ``q_lo`` float8_e4m3fn
+    ``[b, s_q, h, 512]``, e4m3(content / σ_q - q_nope): the query as hi + lo on one scale, which
+    ``mla_decode`` runs as a second QK content chain.
     With ``check=False`` and ``out`` given a call is one compiled call (its argument decoder
     checks every tensor; a rejection is explained by the Python checks); ``check`` also
     looks for NaN/Inf in ``q`` (one host sync).
     """
     if not check and out is not None:
-        fn = _hot_quant.get(getattr(q, "shape", None))
+        fn = _hot_quant.get((getattr(q, "shape", None), precision))
         if fn is not None:  # a shape seen before: one compiled call, nothing else
             try:
                 fn(q, *out)
             except Exception:
-                _validate_quantize_q(q, out)
+                _validate_quantize_q(q, out, precision)
                 raise
             return tuple(out)
     if check or out is None:
-        _validate_quantize_q(q, out)
+        _validate_quantize_q(q, out, precision)
         if check:
             _check_values(finite=(("q", q),))
         if out is None:
@@ -100,14 +121,18 @@ def quantize_q(
                 torch.empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=q.device),
                 torch.empty(*lead, ROPE_DIM, dtype=torch.bfloat16, device=q.device),
                 torch.empty(*lead, dtype=torch.float32, device=q.device),
-            )
-    validate = lambda: _validate_quantize_q(q, out)  # noqa: E731
+            ) + ((torch.empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=q.device),)
+                 if precision == "e4m3x2" else ())
+    split = _check_precision(precision)
+    validate = lambda: _validate_quantize_q(q, out, precision)  # noqa: E731
     if _explained(validate, lambda: q.numel()):
+        key = (*q.shape[1:3], split) if split else q.shape[1:3]
         _run(
-            _quant_q.compile_call, q.shape[1:3], lambda: _quant_q.QuantQCallConfig(q.shape[1], q.shape[2]),
+            _quant_q.compile_call, key,
+            lambda: _quant_q.QuantQCallConfig(q.shape[1], q.shape[2], _quant_q.QuantQConfig(split=split)),
             (q, *out), validate,
         )
-        _hot_quant[q.shape] = _launcher(_quant_q.compile_call, q.shape[1:3])  # cached by _run
+        _hot_quant[(q.shape, precision)] = _launcher(_quant_q.compile_call, key)  # cached by _run
     return tuple(out)
 
 

@@ -20,7 +20,8 @@ from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
-from snapmla_cute.decode import _step_query
+from snapmla_cute.decode import _check_query_precision, _is_split, _step_query
+from snapmla_cute.fused import quantize_q
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels.decode_scheduler import MAX_BATCH as _MAX_BATCH
 from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN as _MAX_SEQLEN
@@ -36,7 +37,7 @@ from snapmla_cute.planning import (
 from snapmla_cute.tuning import DECODE_TUNING, _hot_table, _launcher
 from snapmla_cute.validation import _decode_reads, _query_values, _validate_outputs, _validate_query
 
-_hot_sparse = _hot_table()  # (heads, s_q, bf16 q, cluster) -> compiled sparse step
+_hot_sparse = _hot_table()  # (heads, s_q, bf16 q, cluster, q_split) -> compiled sparse step
 
 SPARSE_HEADS = (8, 16, 32, 64, 128)
 SPARSE_MAX_S_Q = 8
@@ -125,7 +126,7 @@ def sparse_decode_metadata(
     return md
 
 
-def _sparse_launcher(heads: int, s_q: int, bf16_q: bool, cluster: int = 1):
+def _sparse_launcher(heads: int, s_q: int, bf16_q: bool, cluster: int = 1, q_split: bool = False):
     from snapmla_cute.kernels.decode import compile as decode_compile
 
     tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
@@ -134,13 +135,16 @@ def _sparse_launcher(heads: int, s_q: int, bf16_q: bool, cluster: int = 1):
         from snapmla_cute.kernels.decode import DecodeConfig
         from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig
 
+        from snapmla_cute.kernels.decode.config import Q_SPLIT_KV_STAGES
+
+        split = {"q_split": True, "kv_stages": Q_SPLIT_KV_STAGES} if q_split else {}
         cfg = DecodeConfig(heads=heads, s_q=1, page_size=1, causal=False, sparse=True,
-                           **{"cluster": cluster, **DECODE_TUNING})
+                           **{**split, "cluster": cluster, **DECODE_TUNING})
         return DecodeSparseStepConfig(cfg, s_q)
 
     step = decode_compile.compile_sparse_q if bf16_q else decode_compile.compile_sparse
-    fn = _launcher(step, ("sparse", heads, s_q, tuning, cluster), make)
-    _hot_sparse[(heads, s_q, bf16_q, cluster)] = fn
+    fn = _launcher(step, ("sparse", heads, s_q, tuning, cluster) + (("q_split",) if q_split else ()), make)
+    _hot_sparse[(heads, s_q, bf16_q, cluster, q_split)] = fn
     return fn
 
 
@@ -148,7 +152,8 @@ def _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale):
     """``(bf16 q?, the compiled sparse step's arguments)``, no checks; no visible counts (a
     dense step's), the bf16 query or None last (``decode._step_query``)."""
     bf16_q, head, q_bf16, scale = _step_query(q, metadata, softmax_scale)
-    return bf16_q, (*head, indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale, None, q_bf16)
+    args = (*head[:3], indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale, None, q_bf16)
+    return bf16_q, args + head[3:]  # the accurate mode's q_lo last
 
 
 def mla_decode_sparse(
@@ -162,11 +167,13 @@ def mla_decode_sparse(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     check: bool = True,
+    q_precision: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SnapMLA FP8 sparse decode: query token t of request b attends to the cache slots
     ``indices[b, t, :topk_length[b]]`` (all ``topk`` of them without ``topk_length``).
 
-    ``q``: bf16 ``[b, s_q, h, 576]`` or the ``quantize_q`` tuple; h in ``SPARSE_HEADS``,
+    ``q``: bf16 ``[b, s_q, h, 576]`` or the ``quantize_q`` tuple (four tensors, or
+    ``q_precision="e4m3x2"`` for a bf16 query: the accurate mode, as ``mla_decode``); h in ``SPARSE_HEADS``,
     s_q 1..``SPARSE_MAX_S_Q``. ``indices`` int32 ``[b, s_q, topk]`` (contiguous) of slot ids
     ``page * page_size + offset``; -1 is no token; a slot listed twice counts twice.
     ``topk_length`` int32 ``[b]``. Returns ``out`` bf16 ``[b, s_q, h, 512]`` and ``lse`` fp32
@@ -180,11 +187,11 @@ def mla_decode_sparse(
     ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one compiled call
     (its argument decoder checks every tensor).
     """
-    if not check and metadata is not None and out is not None and lse is not None:
+    if not check and metadata is not None and out is not None and lse is not None and q_precision != "e4m3x2":
         try:
             lengths = metadata.full_lengths if topk_length is None else topk_length
             bf16_q, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
-            fn = _hot_sparse[(metadata.heads, metadata.s_q, bf16_q, metadata.cluster)]
+            fn = _hot_sparse[(metadata.heads, metadata.s_q, bf16_q, metadata.cluster, _is_split(q))]
             if topk_length is None and metadata.topk != indices.shape[-1]:
                 fn = None  # the metadata's full lengths are another topk's: the checks below say so
         except (KeyError, AttributeError, TypeError, IndexError):
@@ -197,7 +204,10 @@ def mla_decode_sparse(
                 raise
             return out, lse
     b, s_q, h, topk, q_dev = _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, out, lse)
+    _check_query_precision(q, q_precision)
     bf16_q = not isinstance(q, (tuple, list))
+    if bf16_q and q_precision == "e4m3x2":  # the accurate mode quantizes apart (hi + lo)
+        q, bf16_q = quantize_q(q, check=False, precision=q_precision), False
     if check:
         checks = {"slots": (("indices", indices, cache.num_slots),)}
         if topk_length is not None:
@@ -220,7 +230,7 @@ def mla_decode_sparse(
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     _, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
     _check_cluster_parts(metadata)
-    _sparse_launcher(h, s_q, bf16_q, metadata.cluster)(*args)
+    _sparse_launcher(h, s_q, bf16_q, metadata.cluster, _is_split(q))(*args)
     return out, lse
 
 

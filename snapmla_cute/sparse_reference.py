@@ -70,8 +70,10 @@ def mla_decode_sparse_emulated(
     *,
     topk_length: torch.Tensor | None = None,
     softmax_scale: float | None = None,
+    config=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bit-faithful emulation of ``mla_decode_sparse`` on the FP8 cache ``(kv [P, ps, 640],
+    """Bit-faithful emulation of ``mla_decode_sparse`` (``config``: ``emulation.SNAPMLA``, or
+    ``emulation.SNAPMLA_X2`` for the accurate mode's query) on the FP8 cache ``(kv [P, ps, 640],
     kv_scale [P, ps])``: per query token the dense decode's Algorithm 1 over its list in
     list order, 64 entries per block (the kernel's P' blocks), an entry that is no token (or
     a slot whose scale is 0: never written) a zero row with σ_k 0 and score -inf. Returns fp32 ``out [b, s_q, h, 512]`` and ``lse [b, h, s_q]``."""
@@ -83,7 +85,7 @@ def mla_decode_sparse_emulated(
     dev = q.device
     out = torch.zeros(b, s_q, h, CONTENT_DIM, dtype=torch.float32, device=dev)
     lse = torch.full((b, h, s_q), -math.inf, dtype=torch.float32, device=dev)
-    q_codes, q_scale = _quantize_q(q, SNAPMLA)
+    q_codes, q_scale = _quantize_q(q, SNAPMLA if config is None else config)
     for bi, row in enumerate(sparse_lists(indices, topk_length, kv.shape[0])):
         for t, (ids, valid) in enumerate(row):
             if ids.numel() == 0:

@@ -25,14 +25,30 @@ def quantize_q(q: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return fused.quantize_q(q, check=False)
 
 
-@quantize_q.register_fake
-def _(q):
+def _query_like(q: Tensor, split: bool = False) -> tuple:
+    """The quantized query of ``q`` as empty tensors (the fake kernels)."""
     lead = q.shape[:-1]
     return (
         q.new_empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn),
         q.new_empty(*lead, ROPE_DIM, dtype=torch.bfloat16),
         q.new_empty(*lead, dtype=torch.float32),
-    )
+    ) + ((q.new_empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn),) if split else ())
+
+
+@quantize_q.register_fake
+def _(q):
+    return _query_like(q)
+
+
+@torch.library.custom_op("snapmla::quantize_q_x2", mutates_args=())
+def quantize_q_x2(q: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The accurate mode's query: ``quantize_q``'s three tensors and ``q_lo`` (hi + lo)."""
+    return fused.quantize_q(q, check=False, precision="e4m3x2")
+
+
+@quantize_q_x2.register_fake
+def _(q):
+    return _query_like(q, split=True)
 
 
 @torch.library.custom_op("snapmla::append_kv", mutates_args=("kv", "kv_scale"))
@@ -82,17 +98,20 @@ def mla_decode(
     counters: Tensor,
     softmax_scale: float,
     causal: bool,
+    q_lo: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
+    """``decode.mla_decode`` on a metadata's buffers; ``q_lo`` (``quantize_q_x2``'s fourth
+    tensor) runs the accurate mode."""
     b, s_q, h, _ = q_nope.shape
     md = planning.DecodeMetadata.from_buffers(sched, split_offsets, o_partial, lse_partial, counters, s_q=s_q, heads=h)
     return decode.mla_decode(
-        (q_nope, q_rope, q_scale), FP8KVCache(kv, kv_scale), block_table, cache_seqlens,
-        softmax_scale=softmax_scale, causal=causal, metadata=md, check=False,
+        (q_nope, q_rope, q_scale) + (() if q_lo is None else (q_lo,)), FP8KVCache(kv, kv_scale), block_table,
+        cache_seqlens, softmax_scale=softmax_scale, causal=causal, metadata=md, check=False,
     )
 
 
 @mla_decode.register_fake
-def _(q_nope, q_rope, q_scale, kv, kv_scale, block_table, cache_seqlens, sched, split_offsets, o_partial, lse_partial, counters, softmax_scale, causal):
+def _(q_nope, q_rope, q_scale, kv, kv_scale, block_table, cache_seqlens, sched, split_offsets, o_partial, lse_partial, counters, softmax_scale, causal, q_lo=None):
     return _decode_outputs_like(q_nope)
 
 
@@ -113,10 +132,12 @@ def mla_decode_sparse(
     lse_partial: Tensor,
     counters: Tensor,
     softmax_scale: float,
+    q_lo: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``sparse.mla_decode_sparse`` on the buffers of a ``SparseDecodeMetadata`` (its
     ``sched``, ``split_offsets``, ``o_partial``, ``lse_partial``, ``counters``); pass the
-    metadata's ``full_lengths`` as ``topk_length`` for whole lists."""
+    metadata's ``full_lengths`` as ``topk_length`` for whole lists; ``q_lo``: the accurate
+    mode."""
     from snapmla_cute import sparse
 
     md = sparse.SparseDecodeMetadata.from_buffers(
@@ -124,11 +145,11 @@ def mla_decode_sparse(
         s_q=q_nope.shape[1], heads=q_nope.shape[2], topk=indices.shape[-1],
     )
     return sparse.mla_decode_sparse(
-        (q_nope, q_rope, q_scale), FP8KVCache(kv, kv_scale), indices, topk_length=topk_length,
-        softmax_scale=softmax_scale, metadata=md, check=False,
+        (q_nope, q_rope, q_scale) + (() if q_lo is None else (q_lo,)), FP8KVCache(kv, kv_scale), indices,
+        topk_length=topk_length, softmax_scale=softmax_scale, metadata=md, check=False,
     )
 
 
 @mla_decode_sparse.register_fake
-def _(q_nope, q_rope, q_scale, kv, kv_scale, indices, topk_length, sched, split_offsets, o_partial, lse_partial, counters, softmax_scale):
+def _(q_nope, q_rope, q_scale, kv, kv_scale, indices, topk_length, sched, split_offsets, o_partial, lse_partial, counters, softmax_scale, q_lo=None):
     return _decode_outputs_like(q_nope)

@@ -24,7 +24,7 @@ def _query_values(q) -> tuple:
     """The query tensors whose values ``check=True`` reads (finite): a NaN or Inf in any of
     them makes every output of its row NaN."""
     if isinstance(q, (tuple, list)):
-        return tuple(zip(("q_nope", "q_rope", "q_scale"), q))
+        return tuple(zip(("q_nope", "q_rope", "q_scale", "q_lo"), q))
     return (("q", q),)
 
 
@@ -70,9 +70,16 @@ def _validate_query(q, cache, heads: tuple, max_s_q: int):
     """The query (bf16 tensor or quantized tuple) and cache checks shared by the dense and
     sparse decodes. Returns ``(b, s_q, h, device)``."""
     if isinstance(q, (tuple, list)):
-        if len(q) != 3:
-            raise ValueError(f"q: expected (q_nope, q_rope, q_scale), got {len(q)} tensors")
-        q_nope, q_rope, q_scale = q
+        if len(q) not in (3, 4):
+            raise ValueError(f"q: expected (q_nope, q_rope, q_scale) or, in the accurate mode, (q_nope, q_rope, "
+                             f"q_scale, q_lo), got {len(q)} tensors")
+        q_nope, q_rope, q_scale = q[:3]
+        if len(q) == 4:
+            _check_tensor("q_lo", q[3], torch.float8_e4m3fn, dim=4, last=CONTENT_DIM)
+            if q[3].shape != q_nope.shape:
+                raise ValueError(f"q_lo: expected the shape of q_nope {tuple(q_nope.shape)}, got {tuple(q[3].shape)}")
+            _check_cuda(q_lo=q[3])
+            _check_same_device(q_nope=q_nope, q_lo=q[3])
         _check_tensor("q_nope", q_nope, torch.float8_e4m3fn, dim=4, last=CONTENT_DIM)
         b, s_q, h, _ = q_nope.shape
         _check_tensor("q_rope", q_rope, torch.bfloat16, dim=4, last=ROPE_DIM)

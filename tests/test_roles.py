@@ -46,8 +46,8 @@ def test_decode_roles_are_objects_handed_their_bundles():
 
 
 def test_decode_step_has_one_signature():
-    """Every decode call (dense, sparse, visible counts, bf16 query) goes through one step
-    class and one ``__call__`` signature; the optional tensors come last."""
+    """Every decode call (dense, sparse, visible counts, bf16 query, the accurate mode's q_lo)
+    goes through one step class and one ``__call__`` signature; the optional tensors come last."""
     import inspect
 
     from snapmla_cute.kernels.decode import step
@@ -56,4 +56,4 @@ def test_decode_step_has_one_signature():
              if c.__module__ == step.__name__ and "__call__" in vars(c)]
     assert steps == [step.DecodeStepKernel]
     params = list(inspect.signature(step.DecodeStepKernel.__call__).parameters)
-    assert params[-4:] == ["scale_log2", "stream", "m_visible", "m_q"]
+    assert params[-5:] == ["scale_log2", "stream", "m_visible", "m_q", "m_q_lo"]

@@ -60,3 +60,32 @@ def test_decode_step_traces_as_one_graph():
     for op in ("snapmla.append_kv", "snapmla.quantize_q", "snapmla.mla_decode"):
         assert op in targets, targets
     assert o.shape == (3, 2, 32, 512)
+
+
+def decode_step_x2(q, kv, kv_scale, new_kv, slots, block_table, seqlens, sched, split_offsets, o_partial, lse_partial,
+                   counters):
+    """The accurate mode's step: the query as hi + lo, its q_lo passed to the decode."""
+    torch.ops.snapmla.append_kv(kv, kv_scale, new_kv, slots)
+    q_nope, q_rope, q_scale, q_lo = torch.ops.snapmla.quantize_q_x2(q)
+    return torch.ops.snapmla.mla_decode(
+        q_nope, q_rope, q_scale, kv, kv_scale, block_table, seqlens, sched, split_offsets, o_partial, lse_partial,
+        counters, 576**-0.5, True, q_lo,
+    )
+
+
+def test_accurate_mode_fake_shapes_and_one_graph():
+    x = _meta_step_inputs()
+    *head, q_lo = torch.ops.snapmla.quantize_q_x2(x["q"])
+    assert q_lo.shape == (3, 2, 32, 512) and q_lo.dtype == torch.float8_e4m3fn
+    assert [t.shape for t in head] == [t.shape for t in torch.ops.snapmla.quantize_q(x["q"])]
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    o, lse = torch.compile(decode_step_x2, fullgraph=True, backend=backend)(**x)
+    assert len(graphs) == 1 and o.shape == (3, 2, 32, 512) and lse.shape == (3, 32, 2)
+    targets = " ".join(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
+    assert "snapmla.quantize_q_x2" in targets and "snapmla.mla_decode" in targets

@@ -251,7 +251,7 @@ def test_sparse_hot_path_explains_bad_indices(no_cuda_check, monkeypatch):
         torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512),
         torch.empty(3, h), torch.zeros(b, s_q, 2, dtype=torch.int32), torch.full((b,), 4, dtype=torch.int32),
         s_q=s_q, heads=h, topk=4)
-    monkeypatch.setitem(sp._hot_sparse, (h, s_q, False, smd.cluster), lambda *a: pytest.fail("launched"))
+    monkeypatch.setitem(sp._hot_sparse, (h, s_q, False, smd.cluster, False), lambda *a: pytest.fail("launched"))
     out = torch.empty(b, s_q, h, 512, dtype=torch.bfloat16)
     lse = torch.empty(b, h, s_q)
     with pytest.raises(TypeError, match="indices: expected a torch.Tensor, got list"):

@@ -9,6 +9,8 @@ op for op, so the bytes match bit for bit:
     inv   = 1 / scale                                       (rcp.rn.f32)
     content_e4m3 = cvt.rn.satfinite(x * inv)
     rope_bf16    = cvt.rn.bf16(x * inv)                     (Eq. 6: RoPE pre-divided)
+    lo_e4m3      = cvt.rn.satfinite(x * inv - content_e4m3) (the accurate mode's second term;
+                                                             the difference is exact in fp32)
 """
 
 import cutlass
@@ -50,10 +52,17 @@ def store_quantized(
     content_row: cute.Tensor,
     rope_row: cute.Tensor,
     lane,
+    lo_row: cute.Tensor = None,
 ):
-    """Writes e4m3(content * inv) (as bytes) and bf16(rope * inv) for this lane."""
+    """Writes e4m3(content * inv) (as bytes) and bf16(rope * inv) for this lane; with
+    ``lo_row`` also e4m3(content * inv - that e4m3), the residual's codes (hi + lo)."""
     c_out = cute.make_rmem_tensor((CONTENT_PER_LANE,), Float8E4M3FN)
-    c_out.store((content * inv_scale).to(Float8E4M3FN))
+    scaled = content * inv_scale
+    c_out.store(scaled.to(Float8E4M3FN))
+    if cutlass.const_expr(lo_row is not None):
+        lo_out = cute.make_rmem_tensor((CONTENT_PER_LANE,), Float8E4M3FN)
+        lo_out.store((scaled - c_out.load().to(Float32)).to(Float8E4M3FN))
+        cute.autovec_copy(cute.recast_tensor(lo_out, Uint8), cute.local_tile(lo_row, (CONTENT_PER_LANE,), (lane,)))
     r_out = cute.make_rmem_tensor((ROPE_PER_LANE,), BFloat16)
     r_out.store((rope * inv_scale).to(BFloat16))
     cute.autovec_copy(

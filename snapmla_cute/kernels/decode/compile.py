@@ -49,6 +49,7 @@ def fake_args(config: DecodeConfig, n=None):
         t(i32, (n, 2 * config.m_tiles), (2 * config.m_tiles, 1), 4),
         cutlass.Float32(0.0),
         fake.stream(),
+        *((None, t(u8, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), 16)) if config.q_split else ()),
     )
 
 
@@ -88,7 +89,22 @@ def step_fake_args(config: DecodeStepConfig, n=None, q=None):
         fake.stream(),
         t(i32, (n, s_q), (s_q, 1), 4) if config.decode.visible else None,  # the visible step's counts
         q,
+        *_q_lo(config, n, s_q, h),
     )
+
+
+def _q_lo(config, n, s_q: int, h: int) -> tuple:
+    """The accurate mode's residual codes ``[b, s_q, h, 512]`` (``DecodeConfig.q_split``): a
+    step's last argument there, and absent otherwise (its compiled call keeps its arity)."""
+    import cutlass
+
+    from snapmla_cute.format import CONTENT_DIM
+
+    if not config.decode.q_split:
+        return ()
+    R = s_q * h
+    return (fake.tensor(cutlass.Float8E4M3FN, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1),
+                        16),)
 
 
 def step_q_fake_args(config: DecodeStepConfig):
@@ -158,6 +174,7 @@ def sparse_fake_args(config: DecodeSparseStepConfig, n=None, q=None):
         fake.stream(),
         None,  # no visible counts
         q,
+        *_q_lo(config, n, s_q, h),
     )
 
 

@@ -60,6 +60,9 @@ EPI_BYTES = EPI_ROWS * EPI_ROW_BYTES
 SPLIT_UNITS_PER_TILE = 6
 STREAM_PARTS = 105
 CLUSTER_SIZES = (1, 2, 4, 8)
+# KV stages of the accurate mode (``DecodeConfig.q_split``): Q's second content tile takes
+# one stage's shared memory (four do not fit the 227 KB)
+Q_SPLIT_KV_STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,10 @@ class DecodeConfig:
     # not their indices (``snapmla_cute.distributed``). Each count is clamped to
     # [seqlen - s_q + 1 + t, seqlen], the window the causal mask code assumes. Needs causal.
     visible: bool = False
+    # the accurate mode (``q_precision="e4m3x2"``): Q's content as two e4m3 terms on one
+    # scale, hi + lo (``quantize_q``'s ``q_lo``); a second Q tile in shared memory (32 KB:
+    # at most 3 KV stages fit) and a second QK content chain on the same accumulator
+    q_split: bool = False
     # CTAs per cluster along the parts (1, 2, 4 or 8; the part count a multiple of it): where
     # the plan gives cluster c request c (``decode_scheduler``'s rule), its CTAs take a
     # k-th of its blocks each and merge through distributed shared memory (``cluster_epilogue``)

@@ -44,7 +44,7 @@ class ConsumerTiles:
     through the block loop."""
 
     mmas: DecodeMmas
-    t_q: cute.Tensor  # Q content, A operand (shared)
+    t_q: cute.Tensor  # Q content, A operand (shared; with ``q_split`` hi, then lo: stages 0, 1)
     t_k: cute.Tensor  # K content per stage, B operand (shared)
     t_qr: cute.Tensor  # Q RoPE, A operand (shared)
     t_kr: cute.Tensor  # K RoPE per stage, B operand (shared)
@@ -347,17 +347,24 @@ class Consumer:
 
     @cute.jit
     def issue_qk(self, tiles: ConsumerTiles, stage: Int32):
-        """QK of one block, asynchronously: 16 e4m3 k-steps then 4 bf16 RoPE k-steps chained on
-        one accumulator (Eq. 6). The tensor core's truncating adder is part of the spec
-        (``tensor_core.tensor_core_mma``), so no promotion waits are needed."""
+        """QK of one block, asynchronously: 16 e4m3 k-steps (with ``q_split`` 16 more with
+        Q's residual codes) then 4 bf16 RoPE k-steps chained on one accumulator (Eq. 6). The
+        tensor core's truncating adder is part of the spec (``tensor_core.tensor_core_mma``),
+        so no promotion waits are needed."""
         m = tiles.mmas
         warpgroup.fence()
         if cutlass.const_expr("qk" not in self.cfg.skip):
             n_kb = cute.size(tiles.t_q, mode=[2])
-            for i in cutlass.range_constexpr(n_kb * self.cfg.qk_content_passes):
-                kb = i % n_kb
-                cute.gemm(m.qk0 if i == 0 else m.qk, tiles.acc_s, tiles.t_q[None, None, kb, 0],
-                          tiles.t_k[None, None, kb, stage], tiles.acc_s)
+            if cutlass.const_expr(self.cfg.q_split):
+                # per k-step hi then lo: one K descriptor for both (the emulation's order)
+                for i in cutlass.range_constexpr(2 * n_kb):
+                    cute.gemm(m.qk0 if i == 0 else m.qk, tiles.acc_s, tiles.t_q[None, None, i // 2, i % 2],
+                              tiles.t_k[None, None, i // 2, stage], tiles.acc_s)
+            else:
+                for i in cutlass.range_constexpr(n_kb * self.cfg.qk_content_passes):
+                    kb = i % n_kb
+                    cute.gemm(m.qk0 if i == 0 else m.qk, tiles.acc_s, tiles.t_q[None, None, kb, 0],
+                              tiles.t_k[None, None, kb, stage], tiles.acc_s)
             for kb in cutlass.range_constexpr(cute.size(tiles.t_qr, mode=[2])):
                 cute.gemm(m.qk_rope, tiles.acc_s, tiles.t_qr[None, None, kb, 0], tiles.t_kr[None, None, kb, stage],
                           tiles.acc_s)

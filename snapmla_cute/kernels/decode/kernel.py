@@ -84,8 +84,11 @@ class DecodeKernel:
         scale_log2: Float32,
         stream,
         m_visible: cute.Tensor = None,  # int32 (s_q, b): ``DecodeConfig.visible``'s counts
+        m_q_lo: cute.Tensor = None,  # uint8 (R, 512, b): ``DecodeConfig.q_split``'s residual codes
     ):
         cfg = self.cfg
+        if cutlass.const_expr((m_q_lo is not None) != cfg.q_split):
+            raise ValueError(f"decode: q_lo given: {m_q_lo is not None}, but the config says q_split={cfg.q_split}")
         m_q_nope = cute.make_tensor(cute.recast_ptr(m_q_nope.iterator, dtype=FP8), m_q_nope.layout)
         m_kv_content = cute.make_tensor(cute.recast_ptr(m_kv_content.iterator, dtype=FP8), m_kv_content.layout)
         K = OperandMajorMode.K
@@ -104,7 +107,7 @@ class DecodeKernel:
             FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, pv_n), warpgroup.OperandSource.RMEM
         )
 
-        q_nope_sl = L.q_nope_layout()
+        q_nope_sl = L.q_nope_layout(2 if cfg.q_split else 1)  # q_split: hi, then lo
         q_rope_sl = L.q_rope_layout()
         kv_sl = L.kv_content_layout(cfg.kv_stages)
         kr_sl = L.kv_rope_layout(cfg.kv_stages)
@@ -119,6 +122,14 @@ class DecodeKernel:
             cpasync.CopyBulkTensorTileG2SOp(), m_q_rope, cute.slice_(q_rope_sl, (None, None, 0)), (L.M_TILE, ROPE_DIM)
         )
         self.q_bytes = L.M_TILE * CONTENT_DIM + L.M_TILE * ROPE_DIM * 2
+        q_lo = None
+        if cutlass.const_expr(cfg.q_split):
+            m_q_lo = cute.make_tensor(cute.recast_ptr(m_q_lo.iterator, dtype=FP8), m_q_lo.layout)
+            tma_q_lo, g_q_lo = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), m_q_lo, cute.slice_(q_nope_sl, (None, None, 0)), (L.M_TILE, CONTENT_DIM)
+            )
+            q_lo = (tma_q_lo, g_q_lo)
+            self.q_bytes += L.M_TILE * CONTENT_DIM
         if cutlass.const_expr(cfg.sparse):
             # the producer gathers the KV rows with cp.async (``Producer.load_sparse``): the
             # cache tensors go as they are, beside Q's atom in the unused atom slots
@@ -155,6 +166,7 @@ class DecodeKernel:
             scale_log2,
             SmemLayouts(q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl),
             m_visible,
+            q_lo,
         ).launch(
             grid=[cfg.m_tiles, num_parts, 1],
             block=[self.threads, 1, 1],
@@ -177,6 +189,7 @@ class DecodeKernel:
         scale_log2: Float32,
         layouts: SmemLayouts,
         m_visible: cute.Tensor,
+        q_lo: tuple,
     ):
         """Wiring only: pipelines, shared-memory views, the plan, then each warpgroup's role."""
         cfg = self.cfg
@@ -198,6 +211,8 @@ class DecodeKernel:
             # the descriptors' first use is on the critical path of a short part
             for atom in tma.atoms():
                 cpasync.prefetch_descriptor(atom)
+            if cutlass.const_expr(cfg.q_split):
+                cpasync.prefetch_descriptor(q_lo[0])
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = roles.NUM_CONSUMER_WGS * roles.THREADS_PER_WG // 32
         q_prod, q_cons = pipeline.PipelineTmaAsync.create(
@@ -246,7 +261,7 @@ class DecodeKernel:
         transposer = Transposer(cfg, tracer)
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
-            producer = Producer(cfg, tracer, tma, smem)
+            producer = Producer(cfg, tracer, tma, smem, q_lo)
             if cutlass.const_expr(cfg.sparse):
                 work = PartWork.read(smem.plan, inputs.seqlens)
                 producer.load_sparse(inputs.block_table, ring, q_prod, m_tile, work, warp_idx)

@@ -40,6 +40,7 @@ class Producer:
     tracer: Tracer
     tma: TmaLoads
     smem: SmemTensors
+    q_lo: tuple = None  # ``DecodeConfig.q_split``: (atom, tensor) of Q's residual codes
 
     @property
     def n_sub(self) -> int:
@@ -47,20 +48,29 @@ class Producer:
         return L.BLOCK_N // self.cfg.box_rows
 
     def q_partitions(self):
-        """The TMA partitions of a request's Q tile (64 rows x dims, content and RoPE):
-        ``(smem, gmem)`` pairs, built once per part at trace time."""
+        """The TMA partitions of a request's Q tile (64 rows x dims: content, RoPE, and with
+        ``q_split`` the residual's codes): ``(atom, smem, gmem)`` triples, built once per
+        part at trace time."""
         tma, smem = self.tma, self.smem
-        tma_q_nope, g_q_nope = tma.q_nope
-        tma_q_rope, g_q_rope = tma.q_rope
-        tq = cpasync.tma_partition(
-            tma_q_nope, 0, cute.make_layout(1), cute.group_modes(smem.q_nope, 0, 2),
-            cute.group_modes(cute.flat_divide(g_q_nope, (L.M_TILE, CONTENT_DIM)), 0, 2),
-        )
-        tqr = cpasync.tma_partition(
-            tma_q_rope, 0, cute.make_layout(1), cute.group_modes(smem.q_rope, 0, 2),
-            cute.group_modes(cute.flat_divide(g_q_rope, (L.M_TILE, ROPE_DIM)), 0, 2),
-        )
-        return tq, tqr
+        # (atom and tensor, smem tile, dims, the tile's stage past the Q stage's index)
+        tiles = [(tma.q_nope, smem.q_nope, CONTENT_DIM, 0), (tma.q_rope, smem.q_rope, ROPE_DIM, 0)]
+        if cutlass.const_expr(self.cfg.q_split):
+            tiles.append((self.q_lo, smem.q_nope, CONTENT_DIM, 1))  # the residual: q_nope's second stage
+        parts = []
+        for (atom, g), s_tile, dims, at in tiles:
+            t_s, t_g = cpasync.tma_partition(
+                atom, 0, cute.make_layout(1), cute.group_modes(s_tile, 0, 2),
+                cute.group_modes(cute.flat_divide(g, (L.M_TILE, dims)), 0, 2),
+            )
+            parts.append((atom, t_s, t_g, at))
+        return parts
+
+    @cute.jit
+    def copy_q(self, parts: list, hq, m_tile: Int32, req: Int32):
+        """Request ``req``'s Q tile ``m_tile`` into the Q stage ``hq`` (``q_partitions``)."""
+        for atom, t_s, t_g, at in parts:
+            dst = t_s[(None, hq.index)] if cutlass.const_expr(at == 0) else t_s[(None, at)]
+            cute.copy(atom, t_g[(None, m_tile, 0, req)], dst, tma_bar_ptr=hq.barrier)
 
     @cute.jit
     def load(self, m_block_table: cute.Tensor, q_prod, kv_prod, m_tile: Int32, work: PartWork):
@@ -72,7 +82,7 @@ class Producer:
         tma_kv, g_kv = tma.kv
         tma_kr, g_kr = tma.kr
         tma_ks, g_ks = tma.ks
-        (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions()
+        q_parts = self.q_partitions()
         # KV boxes of `br` tokens: smem (box, sub, stage), gmem (box, tile in page, page)
         tkv_s, tkv_g = cpasync.tma_partition(
             tma_kv, 0, cute.make_layout(1),
@@ -99,8 +109,7 @@ class Producer:
             seqlen, blk_lo, blk_hi = work.block_range(r, req)
             n_entries = (seqlen + cfg.page_size - 1) // cfg.page_size
             hq = q_prod.acquire_and_advance()
-            cute.copy(tma.q_nope[0], tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
-            cute.copy(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+            self.copy_q(q_parts, hq, m_tile, req)
             if r == 0 and lane == 0:
                 self.tracer.stamp("q_issued")
             # block-table entries 32 at a time, one per lane: one load latency per 32 pages
@@ -147,7 +156,7 @@ class Producer:
         A block's ids are loaded two blocks ahead, so their latency overlaps the stage waits."""
         tma, smem = self.tma, self.smem
         per_warp = L.BLOCK_N // (roles.THREADS_PER_WG // 32)
-        (tq_s, tq_g), (tqr_s, tqr_g) = self.q_partitions()
+        q_parts = self.q_partitions()
         g_kv = tma.kv[1]  # e4m3 (1, 512, slots): the cache rows, read by cp.async
         g_ks = tma.ks[1]  # fp32 (1, slots)
         lane = cute.arch.lane_idx()
@@ -168,8 +177,7 @@ class Producer:
             seqlen = min(seqlen, topk)
             if warp == 0:
                 hq = q_prod.acquire_and_advance()
-                cute.copy(tma.q_nope[0], tq_g[(None, m_tile, 0, req)], tq_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
-                cute.copy(tma.q_rope[0], tqr_g[(None, m_tile, 0, req)], tqr_s[(None, hq.index)], tma_bar_ptr=hq.barrier)
+                self.copy_q(q_parts, hq, m_tile, req)
             # ids two blocks ahead (one ahead: 2-4% slower where the gather binds, the ids'
             # load latency then on the producer's path; three: no better than two)
             own = warp * per_warp + lane

@@ -26,7 +26,7 @@ from cutlass import BFloat16, Float32
 from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels.decode.config import DecodeConfig
 from snapmla_cute.kernels.decode.kernel import DecodeKernel
-from snapmla_cute.kernels.quant_q import QuantizeQKernel
+from snapmla_cute.kernels.quant_q import QuantizeQKernel, QuantQConfig
 from snapmla_cute.kernels.views import view as _view
 
 
@@ -63,7 +63,7 @@ class DecodeStepKernel:
             # b64 h8 s_q8: 1.3% slower with the evict-first hint)
             decode = replace(decode, kv_evict_first=decode.kv_evict_first and cfg.s_q == 1)
         self.decode = DecodeKernel(decode)
-        self.quant = QuantizeQKernel()
+        self.quant = QuantizeQKernel(QuantQConfig(split=decode.q_split))
         # (token, head) rows of a request's query
         self.q_rows = (cfg.s_q if self.sparse else cfg.decode.s_q) * cfg.decode.heads
 
@@ -89,26 +89,32 @@ class DecodeStepKernel:
         stream,
         m_visible: cute.Tensor = None,  # int32 [b, s_q]: a causal shard's visible keys (dense)
         m_q: cute.Tensor = None,  # bf16 [b, s_q, h, 576]: quantized into m_q_nope/rope/scale first
+        m_q_lo: cute.Tensor = None,  # e4m3 [b, s_q, h, 512]: the residual's codes (``q_split``)
     ):
         if cutlass.const_expr((m_visible is not None) != self.cfg.decode.visible):
             raise ValueError(f"decode step: visible counts given: {m_visible is not None}, but the config "
                              f"says visible={self.cfg.decode.visible}")
         if cutlass.const_expr(m_q is not None):
-            self.quantize_query(m_q, m_q_nope, m_q_rope, m_q_scale, m_q.shape[0] * self.q_rows, stream)
+            self.quantize_query(m_q, m_q_nope, m_q_rope, m_q_scale, m_q.shape[0] * self.q_rows, stream, m_q_lo)
         tensors = (m_q_nope, m_q_rope, m_q_scale, m_table, m_lengths, m_out, m_lse, m_kv, m_kv_scale, m_sched,
                    m_split_heads, m_o_partial, m_lse_partial, m_counters)
+        q_lo = None
+        if cutlass.const_expr(m_q_lo is not None):  # laid out as q_nope's view
+            h = self.cfg.decode.heads
+            R, n = (h, m_q_lo.shape[0] * self.cfg.s_q) if self.sparse else (self.cfg.decode.rows, m_q_lo.shape[0])
+            q_lo = _view(m_q_lo, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), cutlass.Uint8)
         if cutlass.const_expr(self.sparse):
-            self.decode(*self.sparse_views(*tensors), scale_log2, stream)
+            self.decode(*self.sparse_views(*tensors), scale_log2, stream, None, q_lo)
         elif cutlass.const_expr(m_visible is not None):
             s_q = self.cfg.decode.s_q
             b = m_q_nope.shape[0]
-            self.decode(*self.dense_views(*tensors), scale_log2, stream, _view(m_visible, (s_q, b), (1, s_q)))
+            self.decode(*self.dense_views(*tensors), scale_log2, stream, _view(m_visible, (s_q, b), (1, s_q)), q_lo)
         else:
-            self.decode(*self.dense_views(*tensors), scale_log2, stream)
+            self.decode(*self.dense_views(*tensors), scale_log2, stream, None, q_lo)
 
-    def quantize_query(self, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream):
+    def quantize_query(self, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream, m_q_lo=None):
         """Fused-Q-Quant of the ``n`` (token, head) rows of a bf16 ``m_q`` [.., 576] into the
-        metadata's query buffers."""
+        metadata's query buffers (and the residual's codes into ``m_q_lo``)."""
         self.quant(
             _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
             _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
@@ -116,6 +122,7 @@ class DecodeStepKernel:
             _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
             _view(m_q_scale, (n,), (1,)),
             stream,
+            None if m_q_lo is None else _view(m_q_lo, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
         )
 
     def dense_views(self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
