@@ -88,6 +88,10 @@ def all_variants(full: bool = True) -> list[tuple]:
     out += [(q.CALL_NAME, q.compile_call, q.QuantQCallConfig(1, 128, q.QuantQConfig(split=True)))]
     out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(c)) for c in split_variants()]
     out += [(dc.STEP_Q_NAME, dc.compile_step_q, DecodeStepConfig(split_variants()[0]))]
+    from snapmla_cute.kernels.decode.config import Q_SPLIT_KV_STAGES as _stages
+
+    out += [(dc.SPARSE_NAME, dc.compile_sparse, DecodeSparseStepConfig(
+        DecodeConfig(128, 1, 1, False, sparse=True, q_split=True, kv_stages=_stages), 1))]
     from snapmla_cute.kernels import lse_merge
 
     out += [(lse_merge.NAME, lse_merge.compile, lse_merge.LseMergeConfig(s, h)) for s, h in ((1, 128), (8, 8), (4, 16))]

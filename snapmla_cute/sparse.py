@@ -206,8 +206,6 @@ def mla_decode_sparse(
     b, s_q, h, topk, q_dev = _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, out, lse)
     _check_query_precision(q, q_precision)
     bf16_q = not isinstance(q, (tuple, list))
-    if bf16_q and q_precision == "e4m3x2":  # the accurate mode quantizes apart (hi + lo)
-        q, bf16_q = quantize_q(q, check=False, precision=q_precision), False
     if check:
         checks = {"slots": (("indices", indices, cache.num_slots),)}
         if topk_length is not None:
@@ -228,6 +226,8 @@ def mla_decode_sparse(
         out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=q_dev)
     if lse is None:
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
+    if bf16_q and q_precision == "e4m3x2":  # the accurate mode quantizes apart (hi + lo), checks done
+        q, bf16_q = quantize_q(q, check=False, precision=q_precision), False
     _, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
     _check_cluster_parts(metadata)
     _sparse_launcher(h, s_q, bf16_q, metadata.cluster, _is_split(q))(*args)

@@ -313,3 +313,44 @@ def test_fused_ops_explain_non_tensors_without_checks():
         append_kv(cache, [1, 2], slots, check=False)
     with pytest.raises(TypeError, match="cache: expected FP8KVCache, got str"):
         dequantize_kv("cache", slots, out=torch.empty(4, 576, dtype=torch.bfloat16), check=False)
+
+
+def test_accurate_mode_arguments_are_checked(no_cuda_check):
+    """q_precision and the four-tensor query (``quantize_q(precision="e4m3x2")``) are checked
+    before any launch; nothing is written on error."""
+    from snapmla_cute import mla_decode, mla_decode_sparse, quantize_q
+
+    q, cache, bt, cl = _dense_case([10], [[0]])
+    out = torch.full((1, 1, 16, 512), float("nan"), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="q_precision: expected one of \\('e4m3', 'e4m3x2'\\), got 'e5m2'"):
+        mla_decode(q, cache, bt, cl, out=out, q_precision="e5m2")
+    with pytest.raises(ValueError, match="q_precision: expected one of"):
+        quantize_q(q, precision="fp8")
+    three = (torch.zeros(1, 1, 16, 512, dtype=torch.float8_e4m3fn), torch.zeros(1, 1, 16, 64, dtype=torch.bfloat16),
+             torch.ones(1, 1, 16))
+    four = (*three, torch.zeros(1, 1, 16, 512, dtype=torch.float8_e4m3fn))
+    with pytest.raises(TypeError, match="out: expected \\(q_nope, q_rope, q_scale, q_lo\\) for q_precision 'e4m3x2'"):
+        quantize_q(q, precision="e4m3x2", out=three)
+    with pytest.raises(ValueError, match="q_precision: expected e4m3x2 for a quantized query of 4 tensors, got 'e4m3'"):
+        mla_decode(four, cache, bt, cl, out=out, q_precision="e4m3")
+    with pytest.raises(ValueError, match="q_precision: expected e4m3 for a quantized query of 3 tensors"):
+        mla_decode(three, cache, bt, cl, out=out, q_precision="e4m3x2")
+    with pytest.raises(ValueError, match="q_lo: expected last dim 512"):
+        mla_decode((*three, four[3][..., :256]), cache, bt, cl, out=out)
+    with pytest.raises(ValueError, match="q_lo: expected the shape of q_nope"):
+        mla_decode((*three, torch.zeros(1, 1, 8, 512, dtype=torch.float8_e4m3fn)), cache, bt, cl, out=out)
+    with pytest.raises(ValueError, match="q: expected \\(q_nope, q_rope, q_scale\\) or"):
+        mla_decode((*four, four[3]), cache, bt, cl, out=out)
+    with pytest.raises(ValueError, match="q_precision"):
+        mla_decode_sparse(q, FP8KVCache.allocate(4, 64, device="cpu"), torch.zeros(1, 1, 8, dtype=torch.int32),
+                          q_precision="e4m3x3")
+    assert torch.isnan(out.float()).all()
+
+
+def test_accurate_mode_needs_three_kv_stages():
+    from snapmla_cute.kernels.decode import DecodeConfig
+    from snapmla_cute.kernels.decode.kernel import DecodeKernel
+
+    DecodeKernel(DecodeConfig(128, 1, 64, False, q_split=True, kv_stages=3))
+    with pytest.raises(ValueError, match="q_split fits at most 3 KV stages"):
+        DecodeKernel(DecodeConfig(128, 1, 64, False, q_split=True))

@@ -25,7 +25,9 @@ from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels.decode.args import (
     ConsumerSync, DecodeInputs, DecodeMmas, DecodeOutputs, SmemLayouts, TmaLoads,
 )
-from snapmla_cute.kernels.decode.config import CLUSTER_SIZES, FP8, MERGE_BATCH, SM90_SMEM_BYTES, DecodeConfig
+from snapmla_cute.kernels.decode.config import (
+    CLUSTER_SIZES, FP8, MERGE_BATCH, Q_SPLIT_KV_STAGES, SM90_SMEM_BYTES, DecodeConfig,
+)
 from snapmla_cute.kernels.decode.consumer import Consumer
 from snapmla_cute.kernels.decode.epilogue import Epilogue
 from snapmla_cute.kernels.decode.merge import Merger
@@ -53,6 +55,9 @@ class DecodeKernel:
             raise ValueError(f"DecodeConfig: sparse needs page_size 1, s_q 1, not causal; got {cfg}")
         if cfg.visible and not cfg.causal:
             raise ValueError(f"DecodeConfig: visible needs causal; got {cfg}")
+        if cfg.q_split and cfg.kv_stages > Q_SPLIT_KV_STAGES:
+            raise ValueError(f"DecodeConfig: q_split fits at most {Q_SPLIT_KV_STAGES} KV stages beside Q's two "
+                             f"content tiles; got {cfg}")
         if cfg.cluster not in CLUSTER_SIZES:
             raise ValueError(f"DecodeConfig: cluster must be one of {CLUSTER_SIZES}; got {cfg}")
         self.cfg = cfg
