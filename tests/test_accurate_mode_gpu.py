@@ -83,7 +83,7 @@ def test_graph_replay_with_new_lengths():
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step()
-    c["cache_seqlens"].copy_(torch.tensor([2500, 7], dtype=torch.int32))
+    c["cache_seqlens"].copy_(torch.tensor([7, 2500], dtype=torch.int32))
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
