@@ -180,11 +180,12 @@ def _step_query(q, metadata, softmax_scale) -> tuple:
 def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible=None):
     """``(bf16 q?, the compiled step's arguments)``, no checks (the hot path and
     ``_step_call``). ``q`` is the quantized tuple, or a bf16 tensor (``_step_query``). Every
-    tensor goes in its own layout: the step builds its views; the step's two optional
-    tensors, ``visible`` and the bf16 query, are always passed (None where absent)."""
+    tensor goes in its own layout: the step builds its views; the step's three optional
+    tensors, ``visible``, the bf16 query and ``q_lo``, are always passed (None where absent)."""
     bf16_q, head, q_bf16, scale = _step_query(q, metadata, softmax_scale)
     args = (*head[:3], block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale, visible, q_bf16)
-    return bf16_q, args + head[3:]  # the accurate mode's q_lo last
+    # the accurate mode's q_lo last, None otherwise: a compiled call takes every optional tensor
+    return bf16_q, args + (head[3] if len(head) > 3 else None,)
 
 
 def _launch_cluster(metadata, visible) -> int:

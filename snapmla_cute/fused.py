@@ -102,11 +102,13 @@ def quantize_q(
     checks every tensor; a rejection is explained by the Python checks); ``check`` also
     looks for NaN/Inf in ``q`` (one host sync).
     """
+    # a compiled call takes its optional tensor too: None where the query is not split
+    lo_absent = () if precision == "e4m3x2" else (None,)
     if not check and out is not None:
         fn = _hot_quant.get((getattr(q, "shape", None), precision))
         if fn is not None:  # a shape seen before: one compiled call, nothing else
             try:
-                fn(q, *out)
+                fn(q, *out, *lo_absent)
             except Exception:
                 _validate_quantize_q(q, out, precision)
                 raise
@@ -130,7 +132,7 @@ def quantize_q(
         _run(
             _quant_q.compile_call, key,
             lambda: _quant_q.QuantQCallConfig(q.shape[1], q.shape[2], _quant_q.QuantQConfig(split=split)),
-            (q, *out), validate,
+            (q, *out, *lo_absent), validate,
         )
         _hot_quant[(q.shape, precision)] = _launcher(_quant_q.compile_call, key)  # cached by _run
     return tuple(out)

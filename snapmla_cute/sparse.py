@@ -153,7 +153,7 @@ def _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale):
     dense step's), the bf16 query or None last (``decode._step_query``)."""
     bf16_q, head, q_bf16, scale = _step_query(q, metadata, softmax_scale)
     args = (*head[:3], indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale, None, q_bf16)
-    return bf16_q, args + head[3:]  # the accurate mode's q_lo last
+    return bf16_q, args + (head[3] if len(head) > 3 else None,)  # q_lo last, None otherwise
 
 
 def mla_decode_sparse(

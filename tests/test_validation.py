@@ -91,20 +91,24 @@ def test_step_arguments_one_builder_for_every_path():
     bt, lens, out, lse = (torch.zeros(1) for _ in range(4))
     a = _step_args(qq, cache, bt, lens, md, out, lse, None)
     b = _step_args(list(qq), cache, bt, lens, md, out, lse, None)
-    assert a[0] is False and b[0] is False and len(a[1]) == len(b[1]) == 14
+    assert a[0] is False and b[0] is False and len(a[1]) == len(b[1]) == 15
     assert all(x is y for x, y in zip(a[1], b[1]))
     assert a[1][:7] == (*qq, bt, lens, out, lse) and a[1][7:11] == (t[0], t[1], t[5], t[6])
     assert a[1][11] == pytest.approx(576**-0.5 * math.log2(math.e))
-    assert a[1][12:] == (None, None)  # no visible counts, no bf16 query
+    # no visible counts, no bf16 query, no q_lo: a compiled call takes every optional tensor
+    assert a[1][12:] == (None, None, None)
     vis = torch.zeros(1)
-    assert _step_args(qq, cache, bt, lens, md, out, lse, None, vis)[1][12:] == (vis, None)
+    assert _step_args(qq, cache, bt, lens, md, out, lse, None, vis)[1][12:] == (vis, None, None)
+    q_lo = torch.zeros(1)
+    split = _step_args((*qq, q_lo), cache, bt, lens, md, out, lse, None)[1]
+    assert split[:3] == qq and split[12:] == (None, None, q_lo)  # the accurate mode's q_lo last
     q = torch.zeros(1)
     bf16_q, args = _step_args(q, cache, bt, lens, md, out, lse, 0.1)
-    # the bf16 query goes last, after the (absent) visible counts: the step quantizes it
-    # into the metadata's query buffers, which take the quantized query's place
+    # the bf16 query follows the (absent) visible counts: the step quantizes it into the
+    # metadata's query buffers, which take the quantized query's place
     assert bf16_q is True and args[:3] == (t[2], t[3], t[4]) and args[3:7] == (bt, lens, out, lse)
-    assert args[-2] is None and args[-1] is q and len(args) == 14
-    assert args[-3] == pytest.approx(0.1 * math.log2(math.e))
+    assert args[-3] is None and args[-2] is q and args[-1] is None and len(args) == 15
+    assert args[-4] == pytest.approx(0.1 * math.log2(math.e))
 
 
 @pytest.fixture
