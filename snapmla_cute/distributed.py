@@ -74,11 +74,17 @@ class CPDecodeMetadata:
     def __init__(self, local: DecodeMetadata, world: int, device):
         b, s_q, h = local.batch, local.s_q, local.heads
         self.batch, self.s_q, self.heads, self.world, self.local = b, s_q, h, world, local
-        self.local_out = torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=device)
-        self.local_lse = torch.empty(b, h, s_q, dtype=torch.float32, device=device)
-        self.outs = torch.empty(world, b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=device)
-        self.lses = torch.empty(world, b, h, s_q, dtype=torch.float32, device=device)
+        self.local_out, self.local_lse, self.outs, self.lses = _partial_buffers(b, s_q, h, world, device)
         self.visible = torch.empty(b, s_q, dtype=torch.int32, device=device)
+
+
+def _partial_buffers(b: int, s_q: int, h: int, world: int, device):
+    """This rank's decode ``out`` bf16 ``[b, s_q, h, 512]`` and ``lse`` fp32 ``[b, h, s_q]``,
+    and the group's gathered ones ``[world, ...]`` (what :func:`_exchange_and_merge` reads)."""
+    return (torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=device),
+            torch.empty(b, h, s_q, dtype=torch.float32, device=device),
+            torch.empty(world, b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=device),
+            torch.empty(world, b, h, s_q, dtype=torch.float32, device=device))
 
 
 def cp_decode_metadata(
@@ -179,17 +185,7 @@ def mla_decode_cp(
     with ``causal`` and s_q > 1. ``metadata`` from :func:`cp_decode_metadata` (needed under
     CUDA-graph capture, with ``out`` and ``lse``). ``check`` as in ``mla_decode`` (a sync).
     """
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-    if isinstance(placement, RoundRobin):
-        if placement.world != world:
-            raise ValueError(f"placement: RoundRobin over {placement.world} ranks, the group has {world}")
-        rank = dist.get_rank(group) if world > 1 else 0
-        if placement.rank != rank:  # a wrong rank would mask by other ranks' global positions
-            raise ValueError(f"placement: expected RoundRobin.rank {rank} (this process's rank in the group), got {placement.rank}")
-    elif not isinstance(placement, Contiguous):
-        raise TypeError(f"placement: expected RoundRobin or Contiguous, got {type(placement).__name__}")
+    world = _group_world(placement, group)
     qt = q[0] if isinstance(q, (tuple, list)) and q else q
     if not isinstance(qt, torch.Tensor) or qt.dim() != 4:
         got = f"shape {tuple(qt.shape)}" if isinstance(qt, torch.Tensor) else type(qt).__name__
@@ -206,20 +202,52 @@ def mla_decode_cp(
             f"got {(b, s_q, h, world)}"
         )
     # before anything runs: nothing written on error; with check, not inside what the merge reads
-    merged = {"metadata.local_out": metadata.local_out, "metadata.local_lse": metadata.local_lse,
-              "metadata.outs": metadata.outs, "metadata.lses": metadata.lses} if check else None
-    _validate_outputs(out, lse, b, s_q, h, qt.device, merged)
+    _validate_outputs(out, lse, b, s_q, h, qt.device, _merge_reads(metadata) if check else None)
     decode_shard(
         q, cache, block_table, cache_seqlens, placement=placement, global_seqlens=global_seqlens, causal=causal,
         softmax_scale=softmax_scale, metadata=metadata, check=check,
     )
-    if world > 1:
+    return _exchange_and_merge(metadata, group, out, lse)
+
+
+def _group_world(placement, group) -> int:
+    """The size of ``group`` (1 without an initialized process group), after checking that
+    ``placement`` fits it: a :class:`RoundRobin` over that many ranks at this process's rank,
+    or a :class:`Contiguous`."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if isinstance(placement, RoundRobin):
+        if placement.world != world:
+            raise ValueError(f"placement: RoundRobin over {placement.world} ranks, the group has {world}")
+        rank = dist.get_rank(group) if world > 1 else 0
+        if placement.rank != rank:  # a wrong rank would take other ranks' global positions for its own
+            raise ValueError(f"placement: expected RoundRobin.rank {rank} (this process's rank in the group), got {placement.rank}")
+    elif not isinstance(placement, Contiguous):
+        raise TypeError(f"placement: expected RoundRobin or Contiguous, got {type(placement).__name__}")
+    return world
+
+
+def _merge_reads(metadata) -> dict:
+    """The buffers :func:`_exchange_and_merge` reads, by name (``out`` / ``lse`` may not overlap them)."""
+    return {"metadata.local_out": metadata.local_out, "metadata.local_lse": metadata.local_lse,
+            "metadata.outs": metadata.outs, "metadata.lses": metadata.lses}
+
+
+def _exchange_and_merge(metadata, group, out, lse):
+    """The tail of a context-parallel call on checked tensors: this rank's partial
+    (``metadata.local_out`` / ``local_lse``) all-gathered over ``group`` into
+    ``metadata.outs`` / ``lses`` (world 1: used as is) and LSE-merged into ``out`` / ``lse``
+    (allocated if None)."""
+    import torch.distributed as dist
+
+    if metadata.world > 1:
         dist.all_gather_into_tensor(metadata.outs, metadata.local_out, group=group)
         dist.all_gather_into_tensor(metadata.lses, metadata.local_lse, group=group)
         outs, lses = metadata.outs, metadata.lses
     else:
         outs, lses = metadata.local_out.unsqueeze(0), metadata.local_lse.unsqueeze(0)
-    return _merge_into(outs, lses, out, lse)  # the metadata's buffers; out and lse checked above
+    return _merge_into(outs, lses, out, lse)
 
 
 def decode_shard(q, cache, block_table, cache_seqlens, *, placement, metadata: CPDecodeMetadata,
@@ -235,11 +263,7 @@ def decode_shard(q, cache, block_table, cache_seqlens, *, placement, metadata: C
         _check_tensor("global_seqlens", global_seqlens, torch.int32, dim=1)
         if global_seqlens.shape[0] != b:
             raise ValueError(f"global_seqlens: expected shape ({b},), got {tuple(global_seqlens.shape)}")
-        if isinstance(placement, Contiguous):
-            _check_tensor("placement.starts", placement.starts, torch.int32, dim=1)
-            if placement.starts.shape[0] != b:
-                raise ValueError(f"placement.starts: expected shape ({b},), got {tuple(placement.starts.shape)}")
-            _check_same_device(cache_seqlens=cache_seqlens, starts=placement.starts)
+        _check_starts(placement, b, cache_seqlens)
         _check_same_device(cache_seqlens=cache_seqlens, global_seqlens=global_seqlens)
         visible = visible_counts(cache_seqlens, global_seqlens, s_q, placement, out=metadata.visible)
     # causal with s_q 1: every key of every shard precedes the query, nothing to mask
@@ -247,6 +271,15 @@ def decode_shard(q, cache, block_table, cache_seqlens, *, placement, metadata: C
         q, cache, block_table, cache_seqlens, softmax_scale=softmax_scale, causal=bool(causal and s_q > 1),
         visible=visible, metadata=metadata.local, out=metadata.local_out, lse=metadata.local_lse, check=check,
     )
+
+
+def _check_starts(placement, b: int, cache_seqlens) -> None:
+    """A :class:`Contiguous` placement's ``starts``: int32 ``[b]`` beside ``cache_seqlens``."""
+    if isinstance(placement, Contiguous):
+        _check_tensor("placement.starts", placement.starts, torch.int32, dim=1)
+        if placement.starts.shape[0] != b:
+            raise ValueError(f"placement.starts: expected shape ({b},), got {tuple(placement.starts.shape)}")
+        _check_same_device(cache_seqlens=cache_seqlens, starts=placement.starts)
 
 
 def shard_cache(cache, block_table: torch.Tensor, cache_seqlens: torch.Tensor, world: int, rank: int,
