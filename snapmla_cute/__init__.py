@@ -7,6 +7,9 @@ Public API (torch tensors on a CUDA device):
 * :func:`mla_decode`, :func:`decode_metadata` — the FP8 decode (split-KV planned on the device).
 * :func:`mla_decode_sparse`, :func:`sparse_decode_metadata` — the FP8 sparse (top-k) decode:
   each query token attends to its own list of cache slots.
+* :mod:`snapmla_cute.distributed` and :mod:`snapmla_cute.distributed_sparse` (imported as
+  modules) — decode context parallel, dense and sparse: a request's cache sharded over the
+  GPUs of a ``torch.distributed`` group (``mla_decode_cp``, ``mla_decode_sparse_cp``).
 * ``torch.ops.snapmla.{quantize_q,append_kv,dequantize_kv,mla_decode}`` — the same as custom
   ops (and ``mla_decode_sparse``) with fake implementations (torch.compile, CUDA graphs).
 * :mod:`snapmla_cute.reference` and :mod:`snapmla_cute.emulation` — the specification: exact

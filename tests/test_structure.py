@@ -30,6 +30,7 @@ API_MODULES = {
     "snapmla_cute.validation",
     "snapmla_cute.sparse",
     "snapmla_cute.distributed",
+    "snapmla_cute.distributed_sparse",
     "snapmla_cute.torch_ops",
 }
 # the tools on top of the API (CLI, benchmarks, accuracy study, profiling)
