@@ -1,6 +1,7 @@
 """GPU tests of decode context parallelism (``snapmla_cute.distributed``): the visible-count
 causal mask of a shard, the DSL LSE merge, the ranks of a group simulated on one GPU (every
-shard decoded, merged), and the real thing over NCCL on two GPUs (skipped with fewer)."""
+shard decoded, merged), and the real thing over NCCL on two GPUs (skipped with fewer), dense
+and sparse (``distributed_sparse``; its one-GPU tests are in ``test_distributed_sparse_gpu.py``)."""
 
 import os
 import random
@@ -225,6 +226,7 @@ def _two_gpu_worker(rank, world, init_file, seed, results):
                 err = ref.rel_l2(out.float(), oe2.bfloat16().float())
                 assert err <= EMU_REL and ref.lse_max_abs(lse, le2.float()) <= EMU_LSE, (placement, h, s_q, err)
             del g  # a live graph holding NCCL work makes destroy_process_group hang
+        _sparse_worker(rank, world, seed)
         torch.cuda.synchronize()
     except BaseException:
         # the peer may be inside a collective: no teardown (NCCL's shutdown would hang in
@@ -233,6 +235,71 @@ def _two_gpu_worker(rank, world, init_file, seed, results):
         os._exit(1)
     results[rank] = "ok"
     dist.destroy_process_group()
+
+
+def _sparse_worker(rank, world, seed):
+    """The sparse path on each rank: bad inputs refused before any launch (no rank enters the
+    exchange, so none waits in it), then the merged result against the one-GPU sparse decode,
+    the same bits on every rank, and (round robin) a captured call with the exchange replayed
+    with new positions and lengths."""
+    import torch.distributed as dist
+
+    from snapmla_cute import distributed_sparse as ds
+    from sparse_cp_cases import build_sparse_cp_case, check_cp, global_positions, renew_positions, shards_of
+
+    for placement, h, s_q, topk in (("round_robin", 128, 1, 2048), ("contiguous", 16, 4, 300)):
+        lens = [0, 1, 777, 4100, 9000]
+        b = len(lens)
+        c = build_sparse_cp_case(lens, s_q, h, topk, seed=seed)  # the same on every rank
+        cache, bt, local, where = distributed.shard_cache(c["cache"], c["block_table"], c["cache_seqlens"],
+                                                          world, rank, placement)
+        md = ds.cp_sparse_decode_metadata(b, s_q, h, topk, world=world)
+        out, lse = _poisoned(b, s_q, h)
+
+        def call(q=c["q"], topk_pos=c["topk_pos"], **kw):
+            kw = {"placement": where, "topk_length": c["topk_length"], "metadata": md, "out": out, "lse": lse, **kw}
+            return ds.mla_decode_sparse_cp(q, cache, topk_pos, bt, local, **kw)
+
+        bad_pos = c["topk_pos"].clone()
+        bad_pos[0, 0, 0] = -2
+        for kw, error, message in (
+            (dict(placement=distributed.RoundRobin(0, 3)), ValueError, "RoundRobin over 3 ranks, the group has 2"),
+            (dict(placement=distributed.RoundRobin(1 - rank, 2)), ValueError, "expected RoundRobin.rank"),
+            (dict(topk_pos=c["topk_pos"].long()), TypeError, "topk_pos: expected dtype torch.int32"),
+            (dict(metadata=ds.cp_sparse_decode_metadata(b, s_q, h, topk, world=1)), ValueError, "metadata: made for"),
+            (dict(topk_pos=bad_pos), ValueError, "topk_pos: expected values in"),
+        ):
+            with pytest.raises(error, match=message):
+                call(**kw)
+        torch.cuda.synchronize()
+        assert torch.isnan(out.float()).all() and torch.isnan(lse).all()
+        call()
+        shards = shards_of(c, world, placement)  # every rank's, for the emulation
+
+        def lists(pos, tl):
+            return [ds.local_topk(pos, s_bt, s_lens, placement=s_where, page_size=s_cache.page_size, topk_length=tl)
+                    for s_cache, s_bt, s_lens, s_where in shards]
+
+        check_cp(c, out, lse, shards, lists(c["topk_pos"], c["topk_length"]))
+        gathered = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(gathered, out)
+        assert all(torch.equal(o, gathered[0]) for o in gathered), "ranks merged to different bits"
+        if placement != "round_robin":
+            continue
+        qq = quantize_q(c["q"])
+        pos, tl = c["topk_pos"].clone(), c["topk_length"].clone()
+        call(q=qq, topk_pos=pos, topk_length=tl, check=False)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call(q=qq, topk_pos=pos, topk_length=tl, check=False)
+        pos.copy_(global_positions(lens, s_q, topk, torch.Generator().manual_seed(seed + 5)))  # the same on every rank
+        tl.copy_(torch.tensor([topk, 0, 1, topk // 2, topk], dtype=torch.int32))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check_cp(renew_positions(c, pos, tl), out, lse, shards, lists(pos, tl))
+        del g  # a live graph holding NCCL work makes destroy_process_group hang
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
