@@ -54,7 +54,7 @@ def _bench(args):
 
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
             dist.init_process_group("nccl")
-        rows = bench_cp(page_size=args.page_size)
+        rows = bench_cp(page_size=args.page_size, world=args.world)
         if not dist.is_initialized() or dist.get_rank() == 0:
             print_table(rows, json_path=args.json)
     elif args.what == "sparse":
@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="time the kernels on the GPU and print a table")
     b.add_argument("what", nargs="?", choices=["decode", "fused", "sparse", "latency", "cp"], default="decode",
                    help="decode: the standard shapes; fused: the fused kernels' bandwidth; sparse: the top-k decode; "
-                        "latency: batches 1-8, dense and sparse, with targets; cp: context parallel (torchrun)")
+                        "latency: batches 1-8, dense and sparse, with targets; cp: context parallel, dense and sparse rows "
+                        "(under torchrun every rank's shard timed; snapmla_cute.bench_cp)")
     b.add_argument("--tokens", type=int, nargs="+", default=[1 << 16, 1 << 20, 1 << 22])
     b.add_argument("--page-size", type=int, default=64)
     b.add_argument("--json", help="also write the rows as JSON here")
@@ -203,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with decode: also the accurate mode (q_precision e4m3x2) at every row, and its cost in %%")
     b.add_argument("--no-peers", dest="peers", action="store_false",
                    help="decode, sparse, latency: take FlashMLA's figures from the anchors file even where flash_mla runs here")
+    b.add_argument("--world", type=int, default=2,
+                   help="with cp in one process: the ranks whose shard and merge are projected (under torchrun: the group's size)")
     b.add_argument("--few-heads", action="store_true",
                    help="with sparse (ignored otherwise): the 8- and 16-head rows (tensor-parallel serving) against their floor and the padded h64 path")
     b.set_defaults(func=_bench)

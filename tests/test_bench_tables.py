@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from snapmla_cute import anchors, bench
 
@@ -80,3 +81,50 @@ def test_sparse_peer_columns_from_the_anchors():
     assert cols == dict(flashmla_sparse_us=178.3, x_flashmla=1.62, peer_src="anchors")
     cols, _ = sparse_peer("H200", 128, 128, 1, 2048, 8192, 110.0, None, None, None, here=False)
     assert cols == dict(flashmla_sparse_us=None, x_flashmla=None, peer_src=None)
+
+
+def test_cp_rows_from_every_ranks_figures(monkeypatch):
+    """``bench cp``'s rows (no GPU: the caches and timings stood in for): a row per dense and
+    sparse shape, every rank's shard, the slowest rank's exchange, merge and whole call, and
+    the slowest shard's share of the call; in one process the projection for ``world``."""
+    import torch.distributed as dist
+
+    from snapmla_cute import bench_cp
+
+    built = []
+    monkeypatch.setattr(bench_cp, "_cache_of", lambda b, L, ps, world=1, rank=0: built.append((b, L, world, rank)) or (b, L))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    def dense(b, h, s_q, whole, shard, rank, world, multi):
+        assert shard == (b, 262144 if h == 64 else 1048576) and (whole is None) == (rank > 0)
+        f = dict(shard_us=100.0 + rank, merge_us=3.0, exchange_us=30.0 + rank, cp_us=140.0)
+        return dict(f, one_gpu_us=200.0) if whole else f
+
+    def sparse(b, h, s_q, L, topk, ps, whole, shard, rank, world, multi):
+        assert (L, topk, shard) == (1048576, 2048, (b, L))
+        f = dict(shard_us=20.0, translate_us=8.0, merge_us=3.0, exchange_us=30.0, cp_us=60.0)
+        return dict(f, one_gpu_us=22.5) if whole else f
+
+    monkeypatch.setattr(bench_cp, "_dense_figs", dense)
+    monkeypatch.setattr(bench_cp, "_sparse_figs", sparse)
+    shapes = [(8, 64, 1, 262144), (8, 128, 1, 1048576)]
+    rows = bench_cp.bench_cp(shapes=shapes, world=4)  # one process: rank 0 of 4 projected
+    assert built == [(8, 262144, 1, 0), (8, 262144, 4, 0), (8, 1048576, 1, 0), (8, 1048576, 4, 0)]
+    assert [r["kind"] for r in rows] == ["dense", "dense", "sparse"]
+    assert rows[0]["projected_no_exchange_us"] == 103.0 and rows[0]["speedup"] == round(200 / 103, 2)
+    assert rows[2]["shape"] == "b8 h128 s_q1 topk2048 of 1048576 tokens" and rows[2]["translate_us"] == 8.0
+
+    # under torchrun with 3 ranks: this is rank 0; the others' figures come from the gather
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+
+    def gather(figs, mine):
+        figs[:] = [mine] + [{k: v + r for k, v in mine.items() if k != "one_gpu_us"} for r in (1, 2)]
+
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    rows = bench_cp.bench_cp(shapes=shapes[:1], sparse_shapes=[])
+    (row,) = rows
+    assert (row["shard_us_r0"], row["shard_us_r1"], row["shard_us_r2"]) == (100.0, 101.0, 102.0)
+    assert row["exchange_us"] == 32.0 and row["merge_us"] == 5.0 and row["cp_us"] == 142.0
+    assert row["speedup"] == round(200 / 142, 2) and row["slowest_share"] == round(102 / 142, 2)
