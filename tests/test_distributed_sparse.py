@@ -221,12 +221,15 @@ def _call(args, kw, **changes):
 
 
 @pytest.mark.parametrize("change,error,message", [
-    (dict(topk_pos=torch.zeros(2, 2, 8, dtype=torch.int64)), TypeError, "topk_pos: expected dtype torch.int32, got torch.int64"),
+    (dict(topk_pos=torch.zeros(2, 2, 8, dtype=torch.int64)), TypeError,
+     "topk_pos: expected dtype torch.int32, got torch.int64"),
     (dict(topk_pos=torch.zeros(2, 3, 8, dtype=torch.int32)), ValueError, r"topk_pos: expected shape \(2, 2, 1 <= topk"),
     (dict(topk_pos=torch.zeros(2, 2, dtype=torch.int32)), ValueError, "topk_pos: expected 3 dims"),
     (dict(topk_pos=torch.zeros(2, 2, 8, dtype=torch.int32, device="meta")), ValueError, "tensors on different devices"),
-    (dict(block_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError, "block_table/cache_seqlens: expected batch 2, got 3 and 2"),
-    (dict(cache_seqlens=torch.zeros(1, dtype=torch.int32)), ValueError, "block_table/cache_seqlens: expected batch 2, got 2 and 1"),
+    (dict(block_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError,
+     "block_table/cache_seqlens: expected batch 2, got 3 and 2"),
+    (dict(cache_seqlens=torch.zeros(1, dtype=torch.int32)), ValueError,
+     "block_table/cache_seqlens: expected batch 2, got 2 and 1"),
     (dict(block_table=torch.zeros(2, 2, dtype=torch.int64)), TypeError, "block_table: expected dtype torch.int32"),
     (dict(topk_length=torch.zeros(3, dtype=torch.int32)), ValueError, r"topk_length: expected shape \(2,\), got \(3,\)"),
     (dict(topk_length=torch.zeros(2)), TypeError, "topk_length: expected dtype torch.int32"),
@@ -241,7 +244,8 @@ def _call(args, kw, **changes):
      r"placement.starts: expected shape \(2,\), got \(3,\)"),
     (dict(metadata=_cpu_metadata(2, 2, 16, 9, 1)), ValueError,
      r"metadata: made for \(batch, s_q, heads, topk, world\) = \(2, 2, 16, 9, 1\), got \(2, 2, 16, 8, 1\)"),
-    (dict(metadata=_cpu_metadata(2, 2, 16, 8, 2)), ValueError, r"metadata: made for .* = \(2, 2, 16, 8, 2\), got \(2, 2, 16, 8, 1\)"),
+    (dict(metadata=_cpu_metadata(2, 2, 16, 8, 2)), ValueError,
+     r"metadata: made for .* = \(2, 2, 16, 8, 2\), got \(2, 2, 16, 8, 1\)"),
     (dict(metadata=_cpu_metadata(2, 1, 16, 8, 1)), ValueError, "metadata: made for"),
     (dict(metadata="md"), TypeError, "metadata: expected CPSparseDecodeMetadata"),
     (dict(out=torch.zeros(2, 2, 16, 512)), TypeError, "out: expected dtype torch.bfloat16"),
@@ -266,12 +270,17 @@ def test_outputs_may_not_overlap_each_other_or_the_partials(cpu_call):
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(topk_pos=torch.full((2, 2, 8), -2, dtype=torch.int32)), r"topk_pos: expected values in \[-1, 2147483647\], got values in \[-2, -2\]"),
-    (dict(topk_length=torch.tensor([9, 0], dtype=torch.int32)), r"topk_length: expected values in \[0, 8\], got values in \[0, 9\]"),
+    (dict(topk_pos=torch.full((2, 2, 8), -2, dtype=torch.int32)),
+     r"topk_pos: expected values in \[-1, 2147483647\], got values in \[-2, -2\]"),
+    (dict(topk_length=torch.tensor([9, 0], dtype=torch.int32)),
+     r"topk_length: expected values in \[0, 8\], got values in \[0, 9\]"),
     (dict(topk_length=torch.tensor([-1, 0], dtype=torch.int32)), r"topk_length: expected values in \[0, 8\]"),
-    (dict(placement=distributed.Contiguous(torch.tensor([0, -4], dtype=torch.int32))), r"placement.starts: expected values in \[0,"),
-    (dict(block_table=torch.tensor([[0, 4], [2, 3]], dtype=torch.int32)), r"block_table: expected page ids in \[0, 4\) .*got 4 at request 0, column 1"),
-    (dict(cache_seqlens=torch.tensor([129, 5], dtype=torch.int32)), "block_table: a sequence of 129 tokens needs 3 pages, table has 2 columns"),
+    (dict(placement=distributed.Contiguous(torch.tensor([0, -4], dtype=torch.int32))),
+     r"placement.starts: expected values in \[0,"),
+    (dict(block_table=torch.tensor([[0, 4], [2, 3]], dtype=torch.int32)),
+     r"block_table: expected page ids in \[0, 4\) .*got 4 at request 0, column 1"),
+    (dict(cache_seqlens=torch.tensor([129, 5], dtype=torch.int32)),
+     "block_table: a sequence of 129 tokens needs 3 pages, table has 2 columns"),
     (dict(cache_seqlens=torch.tensor([-1, 5], dtype=torch.int32)), "cache_seqlens: expected values >= 0, got min -1"),
     (dict(q=torch.full((2, 2, 16, 576), float("nan"), dtype=torch.bfloat16)), "q: expected finite values"),
 ])
@@ -352,7 +361,8 @@ def test_metadata_arguments_are_checked(kw, message):
     (dict(page_size=0), ValueError, "page_size: expected an int >= 1, got 0"),
     (dict(out=torch.zeros(2, 1, 4, dtype=torch.int32)), ValueError, r"out: expected shape \(2, 1, 5\)"),
     (dict(out_length=torch.zeros(2, dtype=torch.int64)), TypeError, "out_length: expected dtype torch.int32"),
-    (dict(placement=distributed.Contiguous(torch.zeros(2, dtype=torch.int64))), TypeError, "placement.starts: expected dtype torch.int32"),
+    (dict(placement=distributed.Contiguous(torch.zeros(2, dtype=torch.int64))), TypeError,
+     "placement.starts: expected dtype torch.int32"),
     (dict(topk_pos=torch.zeros(0, 1, 5, dtype=torch.int32)), ValueError, "with batch >= 1"),
 ])
 def test_local_topk_checks_its_arguments(change, error, message):
