@@ -2,7 +2,10 @@
 cores, and a cold compile cache costs ~9 s per decode variant in one process; the processes
 share the disk cache). GPU work itself is time-sliced between the processes.
 
-    python3 tests/gpu_shards.py -n 4 [-k EXPR] [--log-dir DIR]
+    python3 tests/gpu_shards.py -n 4 [--gpus G] [-k EXPR] [--log-dir DIR]
+
+``--gpus G`` deals the shards over G visible GPUs (shard i on GPU i % G); a shard then sees
+one GPU, so the two-GPU test skips there and runs on its own.
 
 Prints each shard's summary line; exits non-zero if any shard failed.
 """
@@ -18,6 +21,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("-k", default=None)
+    ap.add_argument("--gpus", type=int, default=1, help="visible GPUs to deal the shards over")
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--timeout", type=float, default=600, help="seconds; then every shard still running is killed")
     ap.add_argument("paths", nargs="*", default=["tests"])
@@ -38,9 +42,10 @@ def main():
         if not shard:
             continue
         log = open(os.path.join(a.log_dir, f"gpu_shard{i}.log"), "w")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i % a.gpus)) if a.gpus > 1 else None
         procs.append((i, log, subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *shard],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
         )))
     rc = 0
     for i, log, p in procs:
