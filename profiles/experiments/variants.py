@@ -1,12 +1,11 @@
 """GPU: decode time of DecodeConfig tuning variants side by side, in one process, so the
 comparison does not depend on which machine of a kind a run landed on. Each variant without
 ``skip`` is checked against the emulation first (two requests); ``skip`` variants are
-timing-only (wrong results on purpose), as are ``qk_content_passes`` variants.
+timing-only (wrong results on purpose).
 
     python3 profiles/experiments/variants.py                # the default A/B set
     python3 profiles/experiments/variants.py --small --skeleton --json out.json
     python3 profiles/experiments/variants.py --small --h64 --bounds  # the pipeline's own times
-    python3 profiles/experiments/variants.py --q-split-cost --h64    # what a hi + lo query would cost
 """
 
 import argparse
@@ -28,15 +27,7 @@ BOUNDS = {
     "gemms_only": {"skip": ("transpose", "softmax")},
     "skeleton": {"skip": SKELETON},
 }
-# The accuracy study's budget puts Q's e4m3 rounding first on MLA-like data, and a query kept
-# as two e4m3 terms (hi + lo) takes it out (docs/accuracy.md). Its kernel would issue the
-# content chain of QK twice and hold a second 32 KB Q tile (one KV stage fewer); timing only.
-Q_SPLIT_COST = {
-    "kv_stages 3": {"kv_stages": 3},
-    "QK content x2 (timing only)": {"qk_content_passes": 2},
-    "both (timing only)": {"kv_stages": 3, "qk_content_passes": 2},
-}
-TIMING_ONLY = ("skip", "qk_content_passes")
+TIMING_ONLY = ("skip",)
 DEFAULT_SHAPES = [SHAPES["s1"], SHAPES["s2"]]
 H64_SHAPES = [Shape("b32 h64 s_q1 s_k8192", 32, 64, 1, 8192, False)]  # with --h64
 VARLEN_SHAPES = [Shape("b128 h128 s_q1 s_k8192 varlen", 128, 128, 1, 8192, False, varlen=True)]  # with --varlen
@@ -69,8 +60,6 @@ def main():
     ap.add_argument("--varlen", action="store_true", help="also the bench's varlen row (b128, lengths around 8192)")
     ap.add_argument("--bounds", action="store_true",
                     help="also the softmax, softmax + transposition, and every compute stage left out")
-    ap.add_argument("--q-split-cost", action="store_true",
-                    help="also one KV stage fewer and the QK content chain twice (a hi + lo query's cost)")
     ap.add_argument("--no-s2", action="store_true", help="leave out the s_q2 causal shape")
     ap.add_argument("--no-s1", action="store_true", help="leave out the s_k4096 shape")
     ap.add_argument("--shapes", default="", help="more s_q1 shapes as batch:length[:heads],... (h128 unless given; e.g. 1:4096,64:2048:64)")
@@ -93,8 +82,6 @@ def main():
             variants.update(BOUNDS)
         if args.skeleton:
             variants["skeleton"] = {"skip": SKELETON}
-        if args.q_split_cost:
-            variants.update(Q_SPLIT_COST)
         errs = {}
         for name, tuning in variants.items():
             DECODE_TUNING.clear()

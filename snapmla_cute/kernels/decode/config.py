@@ -130,9 +130,6 @@ class DecodeConfig:
     # "softmax", "store" (timing variants that leave one stage out); "launch": the grid returns
     # at entry (the launch's own cost)
     skip: tuple = ()
-    # the e4m3 content chain of QK issued this many times (timing only: 2 is the tensor and
-    # shared-memory work of a query kept as two e4m3 terms, hi + lo, without its extra tile)
-    qk_content_passes: int = 1
     # %globaltimer stamps of each CTA's milestones at the end of the fp32 partials
     # (``trace.trace_words``, ``trace.TRACE_EVENTS``; read back by ``profiles/experiments/trace_small.py``
     # at ac2dc72)

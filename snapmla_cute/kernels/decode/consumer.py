@@ -361,9 +361,8 @@ class Consumer:
                     cute.gemm(m.qk0 if i == 0 else m.qk, tiles.acc_s, tiles.t_q[None, None, i // 2, i % 2],
                               tiles.t_k[None, None, i // 2, stage], tiles.acc_s)
             else:
-                for i in cutlass.range_constexpr(n_kb * self.cfg.qk_content_passes):
-                    kb = i % n_kb
-                    cute.gemm(m.qk0 if i == 0 else m.qk, tiles.acc_s, tiles.t_q[None, None, kb, 0],
+                for kb in cutlass.range_constexpr(n_kb):
+                    cute.gemm(m.qk0 if kb == 0 else m.qk, tiles.acc_s, tiles.t_q[None, None, kb, 0],
                               tiles.t_k[None, None, kb, stage], tiles.acc_s)
             for kb in cutlass.range_constexpr(cute.size(tiles.t_qr, mode=[2])):
                 cute.gemm(m.qk_rope, tiles.acc_s, tiles.t_qr[None, None, kb, 0], tiles.t_kr[None, None, kb, stage],
