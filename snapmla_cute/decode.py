@@ -106,7 +106,7 @@ def mla_decode(
     call is explained by the same Python checks as the other paths (same errors, nothing
     written).
     """
-    if not check and metadata is not None and out is not None and lse is not None and q_precision != "e4m3x2":
+    if not check and metadata is not None and out is not None and lse is not None and _hot_precision(q, q_precision):
         try:
             bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
             fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None,
@@ -133,6 +133,7 @@ def mla_decode(
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h, cluster=None if check else 1)
     bf16_q = not isinstance(q, (tuple, list))
     if bf16_q and q_precision == "e4m3x2":  # the accurate mode quantizes apart (hi + lo)
+        _check_split_capture("mla_decode")
         q, bf16_q = quantize_q(q, check=False, precision=q_precision), False
     if bf16_q:
         if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
@@ -153,6 +154,27 @@ def mla_decode(
 def _is_split(q) -> bool:
     """A quantized query in the accurate mode: ``quantize_q``'s four tensors (with q_lo)."""
     return isinstance(q, (tuple, list)) and len(q) == 4
+
+
+def _hot_precision(q, q_precision) -> bool:
+    """Whether the hot path may take this call: no precision named, or one that agrees with
+    the query's tensors (a bf16 query in the accurate mode is quantized apart, on the full
+    path; anything else is explained there)."""
+    if q_precision is None:
+        return True
+    if isinstance(q, (tuple, list)):
+        return q_precision == ("e4m3x2" if len(q) == 4 else "e4m3")
+    return q_precision == "e4m3"
+
+
+def _check_split_capture(op: str) -> None:
+    """A bf16 query in the accurate mode is quantized into new tensors: not under capture."""
+    if _capturing():
+        raise ValueError(
+            f"{op}: q_precision='e4m3x2' with a bf16 query under CUDA-graph capture: pass quantize_q(q, "
+            "precision='e4m3x2', out=...)'s four tensors (made before capture); nothing may be allocated inside "
+            "the captured region"
+        )
 
 
 def _check_query_precision(q, q_precision) -> None:

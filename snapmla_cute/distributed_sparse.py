@@ -28,8 +28,11 @@ compacted lists, and the partials are all-gathered and LSE-merged as the dense p
 (``distributed._exchange_and_merge``): every rank ends with the whole decode's ``out`` bf16
 ``[b, s_q, h, 512]`` and ``lse`` fp32 ``[b, h, s_q]``.
 
-Everything a call needs is allocated by :func:`cp_sparse_decode_metadata`, before any
-CUDA-graph capture.
+The buffers a call keeps (the lists, their lengths, the local plan, the partials) are
+allocated by :func:`cp_sparse_decode_metadata`, before any CUDA-graph capture; the
+translation's torch ops make their temporaries per call (inside a capture they come from the
+graph's memory pool). ``check=True`` reads values back on each rank alone: a bad value on one
+rank raises there while the others wait in the exchange (NCCL's timeout), as in the dense path.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from snapmla_cute.kernels import quant_q as _quant_q
 from snapmla_cute.kv_cache import FP8KVCache
 from snapmla_cute.tuning import _launcher
 
-_hot_quant: dict = {}  # q.shape -> quantize_q's compiled call (shapes already run once)
+_hot_quant: dict = {}  # (q.shape, precision) -> quantize_q's compiled call (shapes already run once)
 
 
 def _explained(validate, get):

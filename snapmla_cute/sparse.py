@@ -20,7 +20,7 @@ from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
-from snapmla_cute.decode import _check_query_precision, _is_split, _step_query
+from snapmla_cute.decode import _check_query_precision, _check_split_capture, _hot_precision, _is_split, _step_query
 from snapmla_cute.fused import quantize_q
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels.decode_scheduler import MAX_BATCH as _MAX_BATCH
@@ -187,7 +187,7 @@ def mla_decode_sparse(
     ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one compiled call
     (its argument decoder checks every tensor).
     """
-    if not check and metadata is not None and out is not None and lse is not None and q_precision != "e4m3x2":
+    if not check and metadata is not None and out is not None and lse is not None and _hot_precision(q, q_precision):
         try:
             lengths = metadata.full_lengths if topk_length is None else topk_length
             bf16_q, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
@@ -227,6 +227,7 @@ def mla_decode_sparse(
     if lse is None:
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     if bf16_q and q_precision == "e4m3x2":  # the accurate mode quantizes apart (hi + lo), checks done
+        _check_split_capture("mla_decode_sparse")
         q, bf16_q = quantize_q(q, check=False, precision=q_precision), False
     _, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
     _check_cluster_parts(metadata)

@@ -36,13 +36,18 @@ def main():
     per = (len(ids) + a.n - 1) // a.n
     shards = [ids[i * per : (i + 1) * per] for i in range(a.n)]
     os.makedirs(a.log_dir, exist_ok=True)
+    # the GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (all when unset)
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = parent.split(",") if parent else [str(g) for g in range(a.gpus)]
+    if a.gpus > len(visible):
+        sys.exit(f"--gpus {a.gpus}: only {len(visible)} visible (CUDA_VISIBLE_DEVICES={parent})")
     t0 = time.time()
     procs = []
     for i, shard in enumerate(shards):
         if not shard:
             continue
         log = open(os.path.join(a.log_dir, f"gpu_shard{i}.log"), "w")
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i % a.gpus)) if a.gpus > 1 else None
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible[i % a.gpus]) if a.gpus > 1 else None
         procs.append((i, log, subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *shard],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,

@@ -358,3 +358,56 @@ def test_accurate_mode_needs_three_kv_stages():
     DecodeKernel(DecodeConfig(128, 1, 64, False, q_split=True, kv_stages=3))
     with pytest.raises(ValueError, match="q_split fits at most 3 KV stages"):
         DecodeKernel(DecodeConfig(128, 1, 64, False, q_split=True))
+
+
+def test_hot_path_takes_only_a_precision_that_agrees_with_the_query(no_cuda_check, monkeypatch):
+    """check=False with a compiled step at hand: an unknown q_precision, or one that
+    contradicts the query's tensors, goes to the full path and its clear error, never to a
+    launch; a precision that agrees launches the compiled step at once."""
+    import snapmla_cute.sparse as sp
+
+    b, s_q, h = 2, 1, 16
+    cache = FP8KVCache.allocate(4, 64, device="cpu")
+    hi = (torch.zeros(b, s_q, h, 512, dtype=torch.float8_e4m3fn), torch.zeros(b, s_q, h, 64, dtype=torch.bfloat16),
+          torch.ones(b, s_q, h))
+    lo = torch.zeros(b, s_q, h, 512, dtype=torch.float8_e4m3fn)
+    smd = sp.SparseDecodeMetadata.from_buffers(
+        torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512),
+        torch.empty(3, h), torch.zeros(b, s_q, 2, dtype=torch.int32), torch.full((b,), 4, dtype=torch.int32),
+        s_q=s_q, heads=h, topk=4)
+    launched = []
+    for split in (False, True):
+        monkeypatch.setitem(sp._hot_sparse, (h, s_q, False, smd.cluster, split), lambda *a: launched.append(a))
+    out, lse = torch.empty(b, s_q, h, 512, dtype=torch.bfloat16), torch.empty(b, h, s_q)
+    idx = torch.zeros(b, s_q, 4, dtype=torch.int32)
+    for q, precision in ((hi, "e5m2"), (hi, "e4m3x2"), ((*hi, lo), "e4m3")):
+        with pytest.raises(ValueError, match="q_precision"):
+            sp.mla_decode_sparse(q, cache, idx, metadata=smd, out=out, lse=lse, check=False, q_precision=precision)
+    assert not launched
+    for q, precision in ((hi, None), (hi, "e4m3"), ((*hi, lo), None), ((*hi, lo), "e4m3x2")):
+        sp.mla_decode_sparse(q, cache, idx, metadata=smd, out=out, lse=lse, check=False, q_precision=precision)
+    assert len(launched) == 4 and launched[-1][-1] is lo
+
+
+def test_accurate_mode_bf16_query_is_refused_under_capture(no_cuda_check, monkeypatch):
+    """A bf16 query with q_precision='e4m3x2' is quantized into new tensors: under capture
+    it is refused before anything runs (the four tensors, made before capture, are the way)."""
+    import snapmla_cute.decode as dec
+    import snapmla_cute.sparse as sp
+
+    b, s_q, h = 2, 1, 16
+    cache = FP8KVCache.allocate(4, 64, device="cpu")
+    smd = sp.SparseDecodeMetadata.from_buffers(
+        torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512),
+        torch.empty(3, h), torch.zeros(b, s_q, 2, dtype=torch.int32), torch.full((b,), 4, dtype=torch.int32),
+        s_q=s_q, heads=h, topk=4)
+    monkeypatch.setattr(dec, "_capturing", lambda: True)
+    monkeypatch.setattr(sp, "quantize_q", lambda *a, **k: pytest.fail("quantized"))
+    monkeypatch.setattr(sp, "_sparse_launcher", lambda *a, **k: pytest.fail("launched"))
+    out = torch.full((b, s_q, h, 512), 7.0, dtype=torch.bfloat16)
+    lse = torch.full((b, h, s_q), 7.0)
+    q = torch.zeros(b, s_q, h, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="under CUDA-graph capture"):
+        sp.mla_decode_sparse(q, cache, torch.zeros(b, s_q, 4, dtype=torch.int32), metadata=smd, out=out, lse=lse,
+                             check=False, q_precision="e4m3x2")
+    assert (out.float() == 7.0).all() and (lse == 7.0).all()
