@@ -172,12 +172,14 @@ class DecodeCase:
     out: torch.Tensor
     lse: torch.Tensor
 
-    def serving_call(self, bf16_q: bool = False):
+    def serving_call(self, bf16_q: bool = False, q=None):
         """The decode as a serving loop issues it (metadata and outputs given, ``check=False``):
-        a function of no arguments over locals, so its host time is the call's own."""
+        a function of no arguments over locals, so its host time is the call's own. ``q``: a
+        quantized query of its own (the accurate mode's four tensors) instead of ``qq``."""
         from snapmla_cute import mla_decode
 
-        q, cache, table, lens, causal = self.q if bf16_q else self.qq, self.cache, self.block_table, self.seqlens, self.causal
+        q = q if q is not None else (self.q if bf16_q else self.qq)
+        cache, table, lens, causal = self.cache, self.block_table, self.seqlens, self.causal
         md, out, lse = self.metadata, self.out, self.lse
         return lambda: mla_decode(q, cache, table, lens, causal=causal, metadata=md, out=out, lse=lse, check=False)
 
@@ -206,15 +208,15 @@ def decode_case(b: int, h: int, s_q: int, lens: list[int], page_size: int = 64, 
     return DecodeCase(q, qq, kv.view(total_pages, page_size, 576), cache, block_table, seqlens, causal, md, out, lse)
 
 
-def verify_decode(case: DecodeCase, name: str) -> None:
+def verify_decode(case: DecodeCase, name: str, config=None) -> None:
     """Two requests of the case's last output against the emulation (rel-L2 ≤ 2e-3): a fast
-    wrong kernel is not a result."""
+    wrong kernel is not a result. ``config``: the emulation's format (default SnapMLA's)."""
     from snapmla_cute import emulation
     from snapmla_cute import reference as ref
 
     n = min(case.q.shape[0], 2)
     emu = emulation.mla_decode_emulated(case.q[:n], (case.cache.kv, case.cache.kv_scale), case.block_table[:n],
-                                        case.seqlens[:n], causal=case.causal)
+                                        case.seqlens[:n], causal=case.causal, config=config or emulation.SNAPMLA)
     err = ref.rel_l2(case.out[:n].float(), emu[0].bfloat16().float())
     if err > 2e-3:
         raise RuntimeError(f"decode {name}: rel-L2 {err:.2e} vs emulation")
@@ -267,21 +269,12 @@ def peer_columns(us: float, here: dict, anchored: dict) -> tuple[dict, dict]:
 def accurate_mode_us(case: DecodeCase, name: str, verify: bool = True) -> float:
     """The case's serving call in the accurate mode (the query as hi + lo, ``quantize_q``'s
     four tensors), checked against that mode's emulation first."""
-    from snapmla_cute import emulation, mla_decode, quantize_q
-    from snapmla_cute import reference as ref
+    from snapmla_cute import emulation, quantize_q
 
-    c = case
-    qq = quantize_q(c.q, precision="e4m3x2")
-    call = lambda: mla_decode(qq, c.cache, c.block_table, c.seqlens, causal=c.causal, metadata=c.metadata,  # noqa: E731
-                              out=c.out, lse=c.lse, check=False)
+    call = case.serving_call(q=quantize_q(case.q, precision="e4m3x2"))
     call()
     if verify:
-        n = min(c.q.shape[0], 2)
-        emu = emulation.mla_decode_emulated(c.q[:n], (c.cache.kv, c.cache.kv_scale), c.block_table[:n], c.seqlens[:n],
-                                            causal=c.causal, config=emulation.SNAPMLA_X2)
-        err = ref.rel_l2(c.out[:n].float(), emu[0].bfloat16().float())
-        if err > 2e-3:
-            raise RuntimeError(f"decode {name}, q_precision e4m3x2: rel-L2 {err:.2e} vs emulation")
+        verify_decode(case, f"{name}, q_precision e4m3x2", config=emulation.SNAPMLA_X2)
     return time_us(call)
 
 
