@@ -127,8 +127,9 @@ class DecodeConfig:
     kv_evict_first: bool = True
     # ---- profiling (wrong results or extra writes; never set by the library)
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
-    # "softmax", "store" (timing variants that leave one stage out); "launch": the grid returns
-    # at entry (the launch's own cost)
+    # "softmax", "store" (timing variants that leave one stage out; "softmax" leaves a finite
+    # stand-in state, so the merge still reads every split's partial); "launch": the grid
+    # returns at entry (the launch's own cost)
     skip: tuple = ()
     # %globaltimer stamps of each CTA's milestones at the end of the fp32 partials
     # (``trace.trace_words``, ``trace.TRACE_EVENTS``; read back by ``profiles/experiments/trace_small.py``

@@ -275,6 +275,8 @@ class Consumer:
                 )
             else:
                 softmax.step(tiles.acc_s_mn, tiles.c_s_mn, ks_pre, blk, valid, j == 0, True, None)
+        else:
+            softmax.stand_in()
         t_p = self.acc_to_fp8_operand(tiles.acc_s, tiles.mmas.pv_rs.tv_layout_A)
         self.tracer.block_event("softmax_done", wg, r, j, wg_tidx)
         if r == 0 and j == seg.first and wg_tidx == 0:

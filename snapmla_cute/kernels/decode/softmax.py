@@ -93,6 +93,17 @@ class OnlineSoftmax:
             self.sigma_p[i] = 1.0
 
     @cute.jit
+    def stand_in(self):
+        """Profiling only (``skip`` "softmax"): a finite state (m 0, σ_p 1, ℓ 1, γ 1) in place
+        of the step's. With the reset state left, every row's LSE was -inf and the merge skips
+        a row of -inf (it reads no partial), so a "no softmax" time also lost the merge's reads."""
+        for i in cutlass.range_constexpr(cute.size(self.row_max)):
+            self.row_max[i] = Float32(0.0)
+            self.sigma_p[i] = Float32(1.0)
+            self.row_sum[i] = Float32(1.0)
+            self.gamma[i] = Float32(1.0)
+
+    @cute.jit
     def step(self, acc_s_mn, c_s_mn, ks_pre, blk, valid, first_blk, masked: cutlass.Constexpr, mark=None):
         """Alg. 1 lines 4-9 for this thread's rows: scores in the log2 domain, P = 2^(s-m),
         P' = P·σ_k, σ_p = rowmax(P')/448, P'/σ_p left in ``acc_s_mn`` for the e4m3 cast;
