@@ -28,11 +28,12 @@ import torch
 
 from snapmla_cute import emulation
 from snapmla_cute import reference as ref
+from snapmla_cute.format import Q_PRECISIONS
 
 CONFIG_ORDER = ("snapmla", "A", "B", "C", "D", "flashmla_fp8", "v32", "bf16")
 DISTS = ("flashmla", "paper", "realistic", "stress")
-# the query's precision of SnapMLA's rows in the formats table (``--q-precision``)
-Q_PRECISIONS = {"e4m3": "snapmla", "e4m3x2": "snapmla_x2"}
+# the emulation config of SnapMLA's row in the formats table per query precision (``--q-precision``)
+Q_PRECISION_CONFIGS = dict(zip(Q_PRECISIONS, ("snapmla", "snapmla_x2")))
 ROTATIONS = ("off", "on", "both")
 
 
@@ -224,7 +225,7 @@ def accuracy_study(
     ``table``: "formats" (SnapMLA, Configs A–D, FlashMLA's dense FP8, V3.2 and BF16 formats),
     "budget" (each quantization step alone; the largest is marked ``dominant``) or "p"
     (P quantization variants of SnapMLA). ``q_precisions`` (formats table): SnapMLA's row
-    once per query precision of ``Q_PRECISIONS`` ("e4m3x2": the accurate mode's hi + lo).
+    once per query precision of ``format.Q_PRECISIONS`` ("e4m3x2": the accurate mode's hi + lo).
     ``rotate``: "on" runs every row on Q and K whose 512 content dims are rotated by
     ``hadamard_rotation`` (a fresh one per seed; the output rotated back), "both" runs each
     row without and with it; a rotated row's label says so."""
@@ -284,7 +285,8 @@ def _spec(table: str, q_precisions) -> tuple:
         return TABLES[table]
     if table != "formats":
         raise ValueError(f"q_precisions: the {table!r} table runs SnapMLA's e4m3 query only (it has its own hi + lo row)")
-    snapmla = [(emulation.CONFIGS[Q_PRECISIONS[p]].name, emulation.CONFIGS[Q_PRECISIONS[p]], None) for p in q_precisions]
+    snapmla = [(emulation.CONFIGS[Q_PRECISION_CONFIGS[p]].name, emulation.CONFIGS[Q_PRECISION_CONFIGS[p]], None)
+               for p in q_precisions]
     return tuple(snapmla) + tuple(row for row in FORMATS if row[1] != emulation.SNAPMLA)
 
 

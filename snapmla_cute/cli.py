@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from snapmla_cute.format import Q_PRECISIONS
+
 
 def _accuracy(args):
     from snapmla_cute.accuracy import accuracy_study, print_accuracy
@@ -171,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--batch", type=int, default=4)
     a.add_argument("--heads", type=int, default=64)
     a.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="metrics: mean (LSE: max) over seeds")
-    a.add_argument("--q-precision", nargs="+", default=["e4m3"], choices=["e4m3", "e4m3x2"],
+    a.add_argument("--q-precision", nargs="+", default=["e4m3"], choices=Q_PRECISIONS,
                    help="formats table: SnapMLA's row per query precision (e4m3x2: content as hi + lo e4m3)")
     a.add_argument("--rotate", default="off", choices=["off", "on", "both"],
                    help="Q and K content rotated by a random-sign Walsh-Hadamard matrix (output rotated back); both: each row twice")

@@ -178,7 +178,7 @@ def _check_split_capture(op: str) -> None:
 
 
 def _check_query_precision(q, q_precision) -> None:
-    """``q_precision`` names one of ``fused.Q_PRECISIONS`` and, for a quantized query, the
+    """``q_precision`` names one of ``format.Q_PRECISIONS`` and, for a quantized query, the
     one its tensors are (four: e4m3x2)."""
     if q_precision is None:
         return

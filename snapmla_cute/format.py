@@ -11,5 +11,8 @@ V_DIM = CONTENT_DIM  # V = the content part
 KV_ROW_BYTES = CONTENT_DIM + 2 * ROPE_DIM  # 640 bytes per token (+4 B fp32 scale elsewhere)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 AMAX_FLOOR = 1e-6  # all-zero rows get scale AMAX_FLOOR/448, so every scale is finite and > 0
+# the query's precision: its content as one e4m3 term, or as hi + lo e4m3 on one scale (the
+# accurate mode); the API's ``q_precision``, the accuracy study's and the CLI's choices
+Q_PRECISIONS = ("e4m3", "e4m3x2")
 PAGE_SIZES = (16, 32, 64, 128)
 DEFAULT_PAGE_SIZE = 64

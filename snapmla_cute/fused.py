@@ -15,7 +15,7 @@ from snapmla_cute.checks import check_cuda as _check_cuda
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
-from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, Q_PRECISIONS, ROPE_DIM
 from snapmla_cute.kernels import append_kv as _append_kv
 from snapmla_cute.kernels import dequant_kv as _dequant_kv
 from snapmla_cute.kernels import quant_q as _quant_q
@@ -45,9 +45,6 @@ def _run(compile_fn, key, make_config, args, validate):
     except Exception:
         validate()
         raise  # the Python checks found nothing: the compiled call's own error stands
-
-
-Q_PRECISIONS = ("e4m3", "e4m3x2")  # the query's content as one e4m3 term, or as hi + lo
 
 
 def _check_precision(precision) -> bool:
