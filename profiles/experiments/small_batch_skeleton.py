@@ -15,10 +15,11 @@ of ``rows`` heads, request), each step of the dataflow a ``stop`` that cuts the 
 
 ``launch`` returns at entry. Left out against a real kernel: QK, softmax, PV and the LSE
 weights of the merge. Printed beside it: the shipped call and its "no compute, no store"
-variant. ``--sweep``: the shipped kernel on few parts, with and without compute;
-``--chain``: the shipped kernel on one (two) blocks a part with one stage left out at a time.
+variant. ``--what`` picks the tables: ``rows`` (those), ``sweep`` (the shipped kernel on
+few parts, with and without compute), ``chain`` (the shipped kernel on one or two blocks a
+part with one stage left out at a time).
 
-    python3 profiles/experiments/small_batch_skeleton.py [--sweep | --chain] [--json out.json]
+    python3 profiles/experiments/small_batch_skeleton.py [--what rows sweep chain] [--json out.json]
 """
 
 from __future__ import annotations
@@ -300,11 +301,12 @@ def main():
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
-    ap.add_argument("--sweep", action="store_true", help="also the shipped kernel on few parts (PART_SWEEP)")
-    ap.add_argument("--chain", action="store_true", help="only the shipped kernel's chain with stages left out (CHAIN_ROWS)")
+    ap.add_argument("--what", nargs="+", default=["rows"], choices=["rows", "sweep", "chain"],
+                    help="rows: ROWS_TIMED; sweep: the shipped kernel on few parts (PART_SWEEP); chain: its stages "
+                         "left out on one or two blocks a part (CHAIN_ROWS)")
     args = ap.parse_args()
     rows = []
-    for (b, h, s_k), parts, skips in CHAIN_ROWS if args.chain else ():
+    for (b, h, s_k), parts, skips in CHAIN_ROWS if "chain" in args.what else ():
         c = decode_case(b, h, 1, [s_k] * b, 64, False)
         for P in parts:
             md = decode_metadata(c.seqlens, s_q=1, heads=h, num_parts=P, cluster=1)
@@ -317,7 +319,7 @@ def main():
             DECODE_TUNING.clear()
             rows.append(row)
             print(row, flush=True)
-    for (b, h, s_k), variants in ROWS_TIMED if not args.chain else ():
+    for (b, h, s_k), variants in ROWS_TIMED if "rows" in args.what else ():
         c = decode_case(b, h, 1, [s_k] * b, 64, False)
         shape = f"b{b} h{h} s_k{s_k}"
         shipped = time_us(c.serving_call())
@@ -342,7 +344,7 @@ def main():
             rows.append(dict(shape=shape, variant=name(cfg),
                              us=round(time_us(lambda: fn(q, kv, c.block_table, c.seqlens, out, ws, cnt)), 1)))
             print(rows[-1], flush=True)
-    for (b, h, s_k), parts in PART_SWEEP if args.sweep else ():
+    for (b, h, s_k), parts in PART_SWEEP if "sweep" in args.what else ():
         c = decode_case(b, h, 1, [s_k] * b, 64, False)
         for P in parts:
             md = decode_metadata(c.seqlens, s_q=1, heads=h, num_parts=P, cluster=1)
