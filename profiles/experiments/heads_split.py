@@ -41,22 +41,20 @@ def main():
             lse = torch.empty(b * g, GROUP, 1, dtype=torch.float32, device="cuda")
             ref_out = c.out.float().reshape(b * g, 1, GROUP, 512)
             for k in ((2, 4, 8) if forced else (1,)):
-                for parts in ((b * g * k,) if forced else (None,)):
-                    try:
-                        md = decode_metadata(lens, s_q=1, heads=GROUP, num_parts=parts, cluster=1)
-                        md.cluster = k
-                        call = lambda: mla_decode(qq, c.cache, bt, lens, metadata=md, out=out, lse=lse,  # noqa: E731
-                                                  check=False)
-                        call()
-                        torch.cuda.synchronize()
-                        d = ((out.float() - ref_out).norm() / ref_out.norm()).item()
-                        us = time_us(call)
-                        rows.append([f"b{b} h{h} s_k{s_k}", f"as b{b * g} h{GROUP}" + (" cluster plan" if forced else ""),
-                                     md.num_parts, k, round(us, 1), f"{d:.1e}"])
-                    except Exception as e:  # noqa: BLE001
-                        rows.append([f"b{b} h{h} s_k{s_k}", f"as b{b * g} h{GROUP}", parts, k, "-",
-                                     f"{type(e).__name__}: {str(e)[:50]}"])
-                    print(rows[-1], flush=True)
+                parts = b * g * k if forced else None  # the cluster plan: k parts per request
+                label = f"as b{b * g} h{GROUP}" + (" cluster plan" if forced else "")
+                try:
+                    md = decode_metadata(lens, s_q=1, heads=GROUP, num_parts=parts, cluster=1)
+                    md.cluster = k
+                    call = lambda: mla_decode(qq, c.cache, bt, lens, metadata=md, out=out, lse=lse,  # noqa: E731
+                                              check=False)
+                    call()
+                    torch.cuda.synchronize()
+                    d = ((out.float() - ref_out).norm() / ref_out.norm()).item()
+                    rows.append([f"b{b} h{h} s_k{s_k}", label, md.num_parts, k, round(time_us(call), 1), f"{d:.1e}"])
+                except Exception as e:  # noqa: BLE001
+                    rows.append([f"b{b} h{h} s_k{s_k}", label, parts, k, "-", f"{type(e).__name__}: {str(e)[:50]}"])
+                print(rows[-1], flush=True)
     print(tabulate(rows, headers=["shape", "call", "parts", "k", "us", "rel vs shipped"]))
 
 

@@ -63,6 +63,8 @@ class SmallBatchSkeleton:
         if cfg.stop == "merge":
             assert cfg.splits <= 8 and (cfg.rows + cfg.splits) * 512 * cfg.merge_bytes <= self.smem_bytes
         self.per = -(-cfg.rows // cfg.splits)  # rows each CTA owns in the merge
+        self.units = 512 * cfg.merge_bytes // 16  # 16-byte units of a merged row
+        self.upc = self.units // 64  # units per 8 output columns
         self.threads_per_row = THREADS // cfg.rows
         self.words_per_thread = 512 * cfg.merge_bytes // 4 // self.threads_per_row  # pushed per thread
 
@@ -151,8 +153,7 @@ class SmallBatchSkeleton:
                 # 3. every CTA is done with its buffer before peers push into it
                 cute.arch.cluster_arrive()
                 cute.arch.cluster_wait()
-                units = 512 * cfg.merge_bytes // 16  # 16-byte units per pushed row
-                upc = units // 64  # units per 8 output columns
+                units, upc = self.units, self.upc
                 row = tidx // self.threads_per_row
                 t = tidx % self.threads_per_row
                 owner = row // per
@@ -173,14 +174,7 @@ class SmallBatchSkeleton:
                         tot[e] = Float32(0.0)
                     for s in cutlass.range_constexpr(S):
                         for k in cutlass.range_constexpr(upc):
-                            x = cute.make_rmem_tensor((4,), Float32)
-                            cute.autovec_copy(cute.local_tile(buf, (4,), ((s * units + oc * upc + k) * per + rr,)), x)
-                            for e in cutlass.range_constexpr(4):
-                                if cutlass.const_expr(upc == 2):
-                                    tot[4 * k + e] = tot[4 * k + e] + x[e]
-                                else:
-                                    tot[e] = tot[e] + x[e]
-                                    tot[4 + e] = tot[4 + e] + x[e]
+                            self.add_unit(tot, buf, (s * units + oc * upc + k) * per + rr, k)
                     self.store8(m_out, req * m_q.shape[1] + tile * rows + first + rr, oc, tot)
 
     @cute.jit
@@ -191,8 +185,7 @@ class SmallBatchSkeleton:
         partials in L2; the last to finish resets the counts for the next call."""
         cfg = self.cfg
         S, rows = cfg.splits, self.rows
-        units = 512 * cfg.merge_bytes // 16
-        upc = units // 64
+        units, upc = self.units, self.upc
         slab = req * (m_q.shape[1] // rows) + tile
         row0 = (slab * S + split) * rows  # this CTA's rows in the workspace [*, units x 16 B]
         for k in cutlass.range_constexpr(rows * units // THREADS):
@@ -221,15 +214,7 @@ class SmallBatchSkeleton:
             for g in cutlass.range(S // G, unroll=1):
                 for sg in cutlass.range_constexpr(G):
                     for k in cutlass.range_constexpr(upc):
-                        x = cute.make_rmem_tensor((4,), Float32)
-                        cute.autovec_copy(cute.local_tile(
-                            m_ws, (4,), (((slab * S + g * G + sg) * rows + first + rr) * units + oc * upc + k,)), x)
-                        for e in cutlass.range_constexpr(4):
-                            if cutlass.const_expr(upc == 2):
-                                tot[4 * k + e] = tot[4 * k + e] + x[e]
-                            else:
-                                tot[e] = tot[e] + x[e]
-                                tot[4 + e] = tot[4 + e] + x[e]
+                        self.add_unit(tot, m_ws, ((slab * S + g * G + sg) * rows + first + rr) * units + oc * upc + k, k)
             self.store8(m_out, req * m_q.shape[1] + tile * rows + first + rr, oc, tot)
         cute.arch.sync_threads()
         if tidx == 0:
@@ -237,6 +222,20 @@ class SmallBatchSkeleton:
             if old == S - 1:
                 m_cnt[2 * slab] = 0
                 m_cnt[2 * slab + 1] = 0
+
+    @cute.jit
+    def add_unit(self, tot: cute.Tensor, src: cute.Tensor, idx, k: cutlass.Constexpr):
+        """Unit ``k`` of an output chunk (``src``'s 16-byte unit ``idx``) into the chunk's 8
+        sums: two fp32 units fill them; one unit of f16 pairs (4 stand-in floats) counts for both
+        halves."""
+        x = cute.make_rmem_tensor((4,), Float32)
+        cute.autovec_copy(cute.local_tile(src, (4,), (idx,)), x)
+        for e in cutlass.range_constexpr(4):
+            if cutlass.const_expr(self.upc == 2):
+                tot[4 * k + e] = tot[4 * k + e] + x[e]
+            else:
+                tot[e] = tot[e] + x[e]
+                tot[4 + e] = tot[4 + e] + x[e]
 
     @cute.jit
     def store8(self, m_out: cute.Tensor, row: Int32, chunk: Int32, v: cute.Tensor):
@@ -279,25 +278,60 @@ ROWS_TIMED = [  # (b, h, s_k), the variants timed there
      + V(32, 16, 2, "stream") + V(32, 16, 2, "gmerge", merge_bytes=2)),
     ((8, 16, 2048), V(8, 16, 4, "merge") + V(16, 16, 4, "stream") + V(16, 16, 4, "gmerge", merge_bytes=2)),
 ]
-# the shipped kernel on few parts: a lone CTA's time per 64-token block (the slope), with and
-# without its compute (QK, softmax, transposition, PV)
+COMPUTE = ("qk", "pv", "transpose", "softmax")  # the profiling skips that leave no compute
 # the shipped kernel on one (two) blocks a part with one stage left out at a time: which
 # part of the compute chain a lone CTA's first block waits on
-CHAIN_SKIPS = [(), ("transpose",), ("softmax",), ("softmax", "transpose"), ("pv",), ("qk",),
-               ("qk", "pv", "transpose", "softmax")]
+CHAIN_SKIPS = [(), ("transpose",), ("softmax",), ("softmax", "transpose"), ("pv",), ("qk",), COMPUTE]
 CHAIN_ROWS = [((1, 128, 2048), (32, 16), CHAIN_SKIPS), ((1, 16, 2048), (32,), CHAIN_SKIPS[:4] + CHAIN_SKIPS[-1:])]
-PART_SWEEP = [((1, 64, 8192), (4, 8, 16, 32, 64)), ((1, 128, 2048), (2, 4, 8, 16, 32)), ((1, 16, 2048), (8, 16, 32))]
+# the shipped kernel on few parts, with and without compute: a lone CTA's time per block
+PART_SWEEP = [(shape, parts, [(), COMPUTE])
+              for shape, parts in (((1, 64, 8192), (4, 8, 16, 32, 64)), ((1, 128, 2048), (2, 4, 8, 16, 32)),
+                                   ((1, 16, 2048), (8, 16, 32)))]
 
 
 def name(cfg: SkeletonConfig) -> str:
     return f"S{cfg.splits} r{cfg.rows} st{cfg.stages} {cfg.stop}" + (" f16" if cfg.merge_bytes == 2 else "")
 
 
-def main():
-    from snapmla_cute import decode_metadata, mla_decode
-    from snapmla_cute.bench import decode_case
+def shipped_us(c, md, skip=()) -> float:
+    """Graph-replay µs of the shipped decode of case ``c`` on ``md``'s parts (no clusters),
+    with the profiling ``skip`` stages left out."""
+    from snapmla_cute import mla_decode
     from snapmla_cute.timing import time_us
     from snapmla_cute.tuning import DECODE_TUNING
+
+    DECODE_TUNING.clear()
+    DECODE_TUNING.update({"skip": skip, "cluster": 1})
+    try:
+        return time_us(lambda: mla_decode(c.qq, c.cache, c.block_table, c.seqlens, metadata=md, out=c.out, lse=c.lse,
+                                          check=False))
+    finally:
+        DECODE_TUNING.clear()
+
+
+def few_parts(specs) -> list[dict]:
+    """One row per (shape, part count) of ``specs``: the shipped kernel with each skip set."""
+    from snapmla_cute import decode_metadata
+    from snapmla_cute.bench import decode_case
+
+    rows = []
+    for (b, h, s_k), parts, skips in specs:
+        c = decode_case(b, h, 1, [s_k] * b, 64, False)
+        for P in parts:
+            md = decode_metadata(c.seqlens, s_q=1, heads=h, num_parts=P, cluster=1)
+            row = dict(shape=f"b{b} h{h} s_k{s_k}", variant=f"shipped on {P} parts ({-(-s_k // 64 // P)} blocks a part)")
+            for skip in skips:
+                label = "us" if not skip else "no compute" if skip == COMPUTE else "no " + "+".join(skip)
+                row[label] = round(shipped_us(c, md, skip), 1)
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def main():
+    from snapmla_cute import decode_metadata
+    from snapmla_cute.bench import decode_case
+    from snapmla_cute.timing import time_us
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -305,30 +339,12 @@ def main():
                     help="rows: ROWS_TIMED; sweep: the shipped kernel on few parts (PART_SWEEP); chain: its stages "
                          "left out on one or two blocks a part (CHAIN_ROWS)")
     args = ap.parse_args()
-    rows = []
-    for (b, h, s_k), parts, skips in CHAIN_ROWS if "chain" in args.what else ():
-        c = decode_case(b, h, 1, [s_k] * b, 64, False)
-        for P in parts:
-            md = decode_metadata(c.seqlens, s_q=1, heads=h, num_parts=P, cluster=1)
-            row = dict(shape=f"b{b} h{h} s_k{s_k}", variant=f"shipped on {P} parts ({-(-s_k // 64 // P)} blocks a part)")
-            for skip in skips:
-                DECODE_TUNING.clear()
-                DECODE_TUNING.update({"skip": skip, "cluster": 1})
-                row["no " + "+".join(skip) if skip else "us"] = round(time_us(lambda: mla_decode(
-                    c.qq, c.cache, c.block_table, c.seqlens, metadata=md, out=c.out, lse=c.lse, check=False)), 1)
-            DECODE_TUNING.clear()
-            rows.append(row)
-            print(row, flush=True)
+    rows = few_parts(CHAIN_ROWS) if "chain" in args.what else []
     for (b, h, s_k), variants in ROWS_TIMED if "rows" in args.what else ():
         c = decode_case(b, h, 1, [s_k] * b, 64, False)
         shape = f"b{b} h{h} s_k{s_k}"
         shipped = time_us(c.serving_call())
-        DECODE_TUNING.clear()
-        DECODE_TUNING.update({"skip": ("qk", "pv", "transpose", "softmax", "store"), "cluster": 1})
-        md = decode_metadata(c.seqlens, s_q=1, heads=h, cluster=1)
-        bare = time_us(lambda: mla_decode(c.qq, c.cache, c.block_table, c.seqlens, metadata=md, out=c.out, lse=c.lse,
-                                          check=False))
-        DECODE_TUNING.clear()
+        bare = shipped_us(c, decode_metadata(c.seqlens, s_q=1, heads=h, cluster=1), COMPUTE + ("store",))
         rows += [dict(shape=shape, variant="shipped", us=round(shipped, 1)),
                  dict(shape=shape, variant="shipped, no compute, no store", us=round(bare, 1))]
         q = c.q.view(b, h, 576).contiguous()
@@ -344,19 +360,8 @@ def main():
             rows.append(dict(shape=shape, variant=name(cfg),
                              us=round(time_us(lambda: fn(q, kv, c.block_table, c.seqlens, out, ws, cnt)), 1)))
             print(rows[-1], flush=True)
-    for (b, h, s_k), parts in PART_SWEEP if "sweep" in args.what else ():
-        c = decode_case(b, h, 1, [s_k] * b, 64, False)
-        for P in parts:
-            md = decode_metadata(c.seqlens, s_q=1, heads=h, num_parts=P, cluster=1)
-            row = dict(shape=f"b{b} h{h} s_k{s_k}", variant=f"shipped on {P} parts ({-(-s_k // 64 // P)} blocks a part)")
-            for label, skip in (("us", ()), ("no compute", ("qk", "pv", "transpose", "softmax"))):
-                DECODE_TUNING.clear()
-                DECODE_TUNING.update({"skip": skip, "cluster": 1})
-                row[label] = round(time_us(lambda: mla_decode(c.qq, c.cache, c.block_table, c.seqlens, metadata=md,
-                                                              out=c.out, lse=c.lse, check=False)), 1)
-            DECODE_TUNING.clear()
-            rows.append(row)
-            print(row, flush=True)
+    if "sweep" in args.what:
+        rows += few_parts(PART_SWEEP)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
