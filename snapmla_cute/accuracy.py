@@ -33,7 +33,7 @@ from snapmla_cute.format import Q_PRECISIONS
 CONFIG_ORDER = ("snapmla", "A", "B", "C", "D", "flashmla_fp8", "v32", "bf16")
 DISTS = ("flashmla", "paper", "realistic", "stress")
 # the emulation config of SnapMLA's row in the formats table per query precision (``--q-precision``)
-Q_PRECISION_CONFIGS = dict(zip(Q_PRECISIONS, ("snapmla", "snapmla_x2")))
+Q_PRECISION_CONFIGS = dict(zip(Q_PRECISIONS, ("snapmla", "snapmla_x2"), strict=True))
 ROTATIONS = ("off", "on", "both")
 
 
