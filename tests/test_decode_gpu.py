@@ -410,12 +410,14 @@ def test_whole_request_plan(seed, b, h, parts):
 
 
 @pytest.mark.parametrize("b, h, k, parts", [(60, 64, 2, 132), (30, 128, 2, 66), (28, 64, 4, 112), (12, 128, 4, 56),
-                                           (7, 16, 8, 56)])
+                                           (7, 16, 8, 56), (14, 8, 8, 112), (28, 8, 4, 112), (14, 32, 4, 56),
+                                           (50, 16, 2, 100)])
 def test_cluster_plan(seed, b, h, k, parts):
     """The cluster plan: request r's k portions on the k CTAs of cluster r, merged through
     distributed shared memory. Empty, one-token and varied requests (portions with no
     blocks among them), three calls with poisoned outputs; the plan the kernel ran is the
-    reference's, the outputs match the emulation and float64, the counters stay zero."""
+    reference's, the outputs match the emulation and float64, the counters stay zero. At
+    8-32 heads each rank owns 1, 2, 4 or 8 of the live rows (``cluster_rows_per_rank``)."""
     from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
     from snapmla_cute.planning import plan_config, plan_of, schedule_reference
     from snapmla_cute.tuning import DECODE_TUNING

@@ -234,6 +234,24 @@ def test_cluster_plan_gives_cluster_c_request_c(k):
             assert row == [len(lens), 0, 0, 0, 0, 0, 0, 0]
 
 
+@pytest.mark.parametrize("heads, s_q, k, owned", [
+    (16, 1, 8, 2), (8, 1, 8, 1), (16, 1, 2, 8), (32, 1, 8, 4), (32, 1, 4, 8), (8, 1, 4, 2),
+    (128, 1, 2, 32), (64, 1, 8, 8), (16, 3, 8, 8), (8, 3, 4, 16), (16, 3, 2, 24),
+])
+def test_cluster_merge_rows_per_rank(heads, s_q, k, owned):
+    """The cluster merge spreads a tile's live rows over the k ranks where they split into
+    1, 2 or 4 rows a rank or whole 8-row slabs (else each rank owns 64/k rows, dead ones
+    too), and its receive buffer holds the k - 1 peers' owned rows (at least a slab each)."""
+    from snapmla_cute.format import CONTENT_DIM
+    from snapmla_cute.kernels.decode.config import DecodeConfig
+
+    cfg = DecodeConfig(heads, s_q, 64, False, cluster=k)
+    assert cfg.cluster_rows_per_rank == owned
+    lse_off, total = cfg.cluster_recv_bytes
+    assert lse_off == (k - 1) * max(owned, 8) * CONTENT_DIM * 4
+    assert total == lse_off + (k - 1) * 64 * 4
+
+
 def test_default_cluster():
     """Clusters of two where the rule takes the cluster plan at the metadata's lengths, on
     devices whose wave of pairs was measured to fit (132 SMs), with an even part count."""

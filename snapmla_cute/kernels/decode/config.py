@@ -132,8 +132,7 @@ class DecodeConfig:
     # returns at entry (the launch's own cost)
     skip: tuple = ()
     # %globaltimer stamps of each CTA's milestones at the end of the fp32 partials
-    # (``trace.trace_words``, ``trace.TRACE_EVENTS``; read back by ``profiles/experiments/trace_small.py``
-    # at ac2dc72)
+    # (``trace.trace_words``, ``trace.TRACE_EVENTS``; read back by ``profiles/experiments/trace_small.py``)
     trace: bool = False
     # SM clock stamps of each consumer WG's first owned blocks, of the producer's stage
     # acquisitions and of the transposer, just before the ``trace`` rows
@@ -179,12 +178,24 @@ class DecodeConfig:
                                cluster=self.cluster)
 
     @property
+    def cluster_rows_per_rank(self) -> int:
+        """Rows of a tile each rank of the cluster merge owns: the live rows (fewer than the
+        tile's 64 at 8-32 heads) spread over the k ranks where they split into 1, 2 or 4
+        rows a rank (within one 8-row slab) or whole slabs; else 64/k, and the ranks past the
+        live rows own dead ones (one rank merged all 16 rows of h16 at k = 8 or 2)."""
+        k = self.cluster
+        live = min(self.rows, L.M_TILE)
+        if live % k == 0 and (live // k in (1, 2, 4) or live // k % 8 == 0):
+            return live // k
+        return L.M_TILE // k
+
+    @property
     def cluster_recv_bytes(self) -> tuple[int, int]:
         """The cluster merge's receive buffer in the (idle) KV stages: the peers' rows of o/ℓ
-        from 0 ((k-1)/k of the tile's fp32, each peer's 64/k rows), then their LSEs ((k-1)
-        x 64 floats): (offset of the LSEs, bytes in all)."""
+        from 0 (each peer's owned rows, at least one 8-row slab, fp32), then their LSEs
+        ((k-1) x 64 floats): (offset of the LSEs, bytes in all)."""
         k = self.cluster
-        o = (k - 1) * L.M_TILE * CONTENT_DIM * 4 // k
+        o = (k - 1) * max(self.cluster_rows_per_rank, 8) * CONTENT_DIM * 4
         return o, o + (k - 1) * L.M_TILE * 4
 
     @property

@@ -24,6 +24,7 @@ from snapmla_cute.kernels.decode.config import (
     EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS, DecodeConfig,
 )
 from snapmla_cute.kernels.decode.softmax import tree
+from snapmla_cute.kernels.decode.trace import Tracer
 from snapmla_cute.layouts import mma as M
 from snapmla_cute.layouts import smem as L
 from snapmla_cute.pipelines import roles
@@ -34,12 +35,14 @@ from snapmla_cute.pipelines.handshakes import ClusterExchange
 class Epilogue:
     """The consumers' epilogue: ``io`` receives the results; ``pv_mma`` is the PV MMA whose
     accumulator layout the output tiles have; the per-warp staging buffers follow the KV
-    stages' ``kv_smem_bytes`` (``storage.shared_storage``)."""
+    stages' ``kv_smem_bytes`` (``storage.shared_storage``); ``tracer`` stamps the cluster
+    merge's steps (profiling only)."""
 
     cfg: DecodeConfig
     io: DecodeOutputs
     pv_mma: cute.TiledMma
     kv_smem_bytes: int
+    tracer: Tracer
 
     @cute.jit
     def epilogue(self, acc_o_mn: list, state: tuple, m_tile: Int32, req: Int32, split_row: Int32, n_splits: Int32,
@@ -137,8 +140,9 @@ class Epilogue:
         rows_per_thr = cute.size(c_o_mn, mode=[0])
         vals = cute.size(c_o_mn, mode=[1])  # per row and PV split
         vecs = PV_SPLITS * vals // 4  # 16-byte vectors per row
-        rows_per_rank = L.M_TILE // k
-        blocks8 = rows_per_rank // 8  # 8-row slabs a rank owns
+        rows_per_rank = cfg.cluster_rows_per_rank
+        span = rows_per_rank * k  # the rows owned: past them, dead rows none sends or merges
+        blocks8 = max(rows_per_rank // 8, 1)  # 8-row slabs a rank owns (one: 1-4 rows of one slab)
         lse_off, _ = cfg.cluster_recv_bytes
         # the peers as a loop ptxas keeps (a one-trip loop unrolled for k = 2 let it hoist all
         # of a peer's 16 loads above the scaling, and spill)
@@ -165,15 +169,23 @@ class Epilogue:
         pair.arrive_and_wait()
         exchange.stages_idle(ctid, rank)
         exchange.wait_free()
+        if cutlass.const_expr(cfg.trace):
+            if wg_tidx == 0:
+                self.tracer.stamp("count_seen", wg)  # here: every peer's stages free
         # send the rows other ranks own: slot = my index among the owner's peers
         for i in cutlass.range_constexpr(rows_per_thr):
             row = c_o_mn[i, 0][0]
             owner = row // rows_per_rank
+            if cutlass.const_expr(span < L.M_TILE):
+                if row >= span:
+                    owner = rank
             if owner != rank:
                 slot = rank
                 if rank > owner:
                     slot = rank - 1
                 pidx = row // 8 - owner * blocks8
+                if cutlass.const_expr(rows_per_rank < 8):
+                    pidx = 0
                 base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
                 rbase = ptx.mapa(base, owner)
                 # fewer rows than the tile (8-32 heads, one tile): the rows past them are
@@ -195,6 +207,9 @@ class Epilogue:
                                            lse[i])
                 exchange.rows_sent(owner)
         exchange.wait_rows()
+        if cutlass.const_expr(cfg.trace):
+            if wg_tidx == 0:
+                self.tracer.stamp("merged", wg)  # here: every peer's rows arrived
         # merge the rows this rank owns, in the accumulator's registers
         recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
                                 cute.make_layout((lse_off // 4 + (k - 1) * L.M_TILE,)))
@@ -205,6 +220,8 @@ class Epilogue:
             if row // rows_per_rank == rank:
                 one[i] = Float32(1.0)
                 pidx = row // 8 - rank * blocks8
+                if cutlass.const_expr(rows_per_rank < 8):
+                    pidx = 0
                 m = lse[i]
                 for q in cutlass.range(peers, unroll=1):
                     m = cutlass.max(m, recv[lse_off // 4 + q * L.M_TILE + row])
@@ -298,9 +315,16 @@ class Epilogue:
                                 cute.autovec_copy(
                                     v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
                                 )
-                        else:
+                        elif cutlass.const_expr(cfg.cluster_rows_per_rank == L.M_TILE // cfg.cluster):
                             # the cluster merge: only the rows this rank owns (a pass's 8 rows share one owner)
                             if (row0 + lr < cfg.rows and (row0 % L.M_TILE) // (L.M_TILE // cfg.cluster) == owner_rank
+                                    and not cutlass.const_expr("store" in cfg.skip)):
+                                cute.autovec_copy(
+                                    v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
+                                )
+                        else:
+                            # the live rows spread: a pass's 8 rows may have several owners
+                            if (row0 + lr < cfg.rows and ((row0 + lr) % L.M_TILE) // cfg.cluster_rows_per_rank == owner_rank
                                     and not cutlass.const_expr("store" in cfg.skip)):
                                 cute.autovec_copy(
                                     v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))

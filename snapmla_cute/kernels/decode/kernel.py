@@ -243,7 +243,7 @@ class DecodeKernel:
         if cutlass.const_expr(cfg.transposer):
             handshake.init(tidx)
         if cutlass.const_expr(cfg.cluster > 1):
-            ClusterExchange.init(storage.cl_mbar.data_ptr(), cfg.cluster, L.M_TILE, tidx)
+            ClusterExchange.init(storage.cl_mbar.data_ptr(), cfg.cluster, cfg.cluster_rows_per_rank * cfg.cluster, tidx)
         cute.arch.mbarrier_init_fence()
         if tidx == 0:
             # the epilogue derives storage.epi's address from kv's (one register less)
@@ -279,7 +279,7 @@ class DecodeKernel:
                 cfg, self.roles, tracer, mmas, smem,
                 ConsumerSync(ring, handshake, PairExchange(smem.state), q_cons),
                 inputs, scale_log2, m_visible,
-                Epilogue(cfg, io, mmas.pv_rs, self.kv_smem_bytes),
+                Epilogue(cfg, io, mmas.pv_rs, self.kv_smem_bytes, tracer),
                 Merger(cfg, tracer, io),
                 transposer,
             )

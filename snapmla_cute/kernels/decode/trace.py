@@ -1,7 +1,8 @@
 """Profiling stamps of the decode kernel (``DecodeConfig.trace`` / ``trace_loop``; never set
 by the library). The stamps overwrite the end of the fp32 partials, so a traced call's
-split requests come out wrong; ``trace_words`` reads them back (the scripts that tabulated
-them, ``profiles/experiments/trace_small.py`` and ``trace_loop.py``, are at ac2dc72).
+split requests come out wrong; ``trace_words`` reads them back (``profiles/experiments/trace_small.py``
+tabulates them; ``trace_loop.py``, for the loop stamps, is at ac2dc72). In the cluster merge,
+``count_seen`` and ``merged`` mark the peers' stages free and their rows arrived.
 
 * ``trace``: %globaltimer (low 32 bits) at each CTA's milestones, one row of
   ``TRACE_WORDS`` per CTA at the end of the partials (``trace_words``; consumer milestones
