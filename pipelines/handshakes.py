@@ -159,16 +159,12 @@ class ClusterExchange:
 
     @staticmethod
     @cute.jit
-    def init(mbar_ptr, k: cutlass.Constexpr, rows: cutlass.Constexpr, tidx, pull: cutlass.Constexpr = False):
+    def init(mbar_ptr, k: cutlass.Constexpr, rows: cutlass.Constexpr, tidx):
         """Thread 0: ``free`` expects the k - 1 peers, ``data`` every (thread, row) of theirs
-        holding a row this CTA owns (each row: 4 threads of each consumer WG), or with
-        ``pull`` the k - 1 peers (done reading this CTA's rows)."""
+        holding a row this CTA owns (each row: 4 threads of each consumer WG)."""
         if tidx == 0:
             cute.arch.mbarrier_init(mbar_ptr, k - 1)
-            if cutlass.const_expr(pull):
-                cute.arch.mbarrier_init(mbar_ptr + 1, k - 1)
-            else:
-                cute.arch.mbarrier_init(mbar_ptr + 1, (k - 1) * 4 * NUM_CONSUMER_WGS * rows // k)
+            cute.arch.mbarrier_init(mbar_ptr + 1, (k - 1) * 4 * NUM_CONSUMER_WGS * rows // k)
 
     @cute.jit
     def stages_idle(self, ctid, rank):

@@ -139,16 +139,6 @@ def st_cluster_f32(cluster_addr: Int32, a, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def ld_cluster_f32(cluster_addr: Int32, *, loc=None, ip=None):
-    """``ld.shared::cluster.f32``: 4 bytes from a cluster CTA's shared memory."""
-    from cutlass import Float32
-
-    res = _asm(_T.f32(), [Int32(cluster_addr).ir_value(loc=loc, ip=ip)], "ld.shared::cluster.f32 $0, [$1];",
-               "=f,r,~{memory}", loc, ip)
-    return Float32(res)
-
-
-@dsl_user_op
 def mbar_arrive_cluster(cluster_addr: Int32, *, loc=None, ip=None):
     """``mbarrier.arrive.release.cluster.shared::cluster.b64``: one arrival on a cluster
     CTA's mbarrier, after (release, cluster scope) this thread's earlier writes."""

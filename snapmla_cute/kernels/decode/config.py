@@ -36,9 +36,6 @@ PLAN_WORDS = 16
 # A split waits at most this long (ns, %globaltimer) for the other splits' partials, then
 # traps (the launch fails with an error): a correct wait lasts at most one part's work.
 MERGE_WAIT_LIMIT_NS = 4_000_000_000
-# a row of the pulled cluster merge in shared memory: 512 fp32 and 32 bytes that put the
-# 8 rows a warp's quads write on different banks
-PULL_ROW_BYTES = CONTENT_DIM * 4 + 32
 # The merge's scratch in the (idle) KV stages: final LSEs at 0, the group sums at 1024, the
 # splits' weights at MERGE_W_OFFSET, (64 rows, MERGE_MAX_SPLITS) floats. A request has at
 # most num_parts <= SMs splits.
@@ -193,23 +190,11 @@ class DecodeConfig:
         return L.M_TILE // k
 
     @property
-    def cluster_pull(self) -> bool:
-        """The cluster merge pulls where a tile's live rows are at most 32, every one owned:
-        each CTA keeps its rows in its own shared memory and every consumer thread of an
-        owner loads its share from each peer. At 8-32 heads the live rows sit in one warp of
-        each warpgroup, and pushing them from there took ~5 µs (h16, k = 8)."""
-        return self.cluster > 1 and self.rows < L.M_TILE and self.cluster_rows_per_rank * self.cluster <= 32
-
-    @property
     def cluster_recv_bytes(self) -> tuple[int, int]:
-        """The cluster merge's buffer in the (idle) KV stages: (offset of the LSEs, bytes in
-        all). Pushed: the peers' rows of o/ℓ from 0 (each peer's owned rows, at least one
-        8-row slab, fp32), then their LSEs ((k-1) x 64 floats). Pulled: this CTA's own live
-        rows (``PULL_ROW_BYTES`` apart), then their LSEs."""
+        """The cluster merge's receive buffer in the (idle) KV stages: the peers' rows of o/ℓ
+        from 0 (each peer's owned rows, at least one 8-row slab, fp32), then their LSEs
+        ((k-1) x 64 floats): (offset of the LSEs, bytes in all)."""
         k = self.cluster
-        if self.cluster_pull:
-            o = self.cluster_rows_per_rank * k * PULL_ROW_BYTES
-            return o, o + L.M_TILE * 4
         o = (k - 1) * max(self.cluster_rows_per_rank, 8) * CONTENT_DIM * 4
         return o, o + (k - 1) * L.M_TILE * 4
 

@@ -19,10 +19,9 @@ from cutlass import BFloat16, Float16, Float32, Int32
 import cutlass.pipeline as pipeline
 
 from snapmla_cute import ptx
-from snapmla_cute.format import CONTENT_DIM
 from snapmla_cute.kernels.decode.args import DecodeOutputs
 from snapmla_cute.kernels.decode.config import (
-    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PULL_ROW_BYTES, PV_SPLITS, DecodeConfig,
+    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS, DecodeConfig,
 )
 from snapmla_cute.kernels.decode.softmax import tree
 from snapmla_cute.kernels.decode.trace import Tracer
@@ -167,191 +166,100 @@ class Epilogue:
         exchange = ClusterExchange.make(mbar_addr, k, MERGE_WAIT_LIMIT_NS)
         # both WGs are past their last PV: this CTA's stages are idle; tell every peer
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
-        if cutlass.const_expr(cfg.cluster_pull):
-            self.pull_merge(acc_o_mn, c_o_mn, inv, lse, req, wg, wg_tidx, ctid, rank, kv_addr, exchange, pair)
-        else:
-            pair.arrive_and_wait()
-            exchange.stages_idle(ctid, rank)
-            exchange.wait_free()
-            if cutlass.const_expr(cfg.trace):
-                if wg_tidx == 0:
-                    self.tracer.stamp("count_seen", wg)  # here: every peer's stages free
-            # send the rows other ranks own: slot = my index among the owner's peers
-            for i in cutlass.range_constexpr(rows_per_thr):
-                row = c_o_mn[i, 0][0]
-                owner = row // rows_per_rank
-                if cutlass.const_expr(span < L.M_TILE):
-                    if row >= span:
-                        owner = rank
-                if owner != rank:
-                    slot = rank
-                    if rank > owner:
-                        slot = rank - 1
-                    pidx = row // 8 - owner * blocks8
-                    if cutlass.const_expr(rows_per_rank < 8):
-                        pidx = 0
-                    base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
-                    rbase = ptx.mapa(base, owner)
-                    # fewer rows than the tile (8-32 heads, one tile): the rows past them are
-                    # never written, so they are not sent (at h8 that is 56 of 64); the owner
-                    # merges whatever its stage holds there and drops it
-                    send = True
-                    if cutlass.const_expr(cfg.rows < L.M_TILE):
-                        send = row < cfg.rows
-                    if send:
-                        for v in cutlass.range_constexpr(vecs):
-                            h = 4 * v // vals
-                            j = 4 * v % vals
-                            ptx.st_cluster_v4(
-                                rbase + v * 512, acc_o_mn[h][i, j] * inv[i], acc_o_mn[h][i, j + 1] * inv[i],
-                                acc_o_mn[h][i, j + 2] * inv[i], acc_o_mn[h][i, j + 3] * inv[i],
-                            )
-                        if wg == 0 and lane % 4 == 0:
-                            ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
-                                               lse[i])
-                    exchange.rows_sent(owner)
-            exchange.wait_rows()
-            if cutlass.const_expr(cfg.trace):
-                if wg_tidx == 0:
-                    self.tracer.stamp("merged", wg)  # here: every peer's rows arrived
-            # merge the rows this rank owns, in the accumulator's registers
-            recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
-                                    cute.make_layout((lse_off // 4 + (k - 1) * L.M_TILE,)))
-            one = cute.make_rmem_tensor((rows_per_thr,), Float32)
-            for i in cutlass.range_constexpr(rows_per_thr):
-                row = c_o_mn[i, 0][0]
-                one[i] = Float32(0.0)
-                if row // rows_per_rank == rank:
-                    one[i] = Float32(1.0)
-                    pidx = row // 8 - rank * blocks8
-                    if cutlass.const_expr(rows_per_rank < 8):
-                        pidx = 0
-                    m = lse[i]
-                    for q in cutlass.range(peers, unroll=1):
-                        m = cutlass.max(m, recv[lse_off // 4 + q * L.M_TILE + row])
-                    total = Float32(0.0)
-                    if m > -Float32.inf:
-                        total = cute.math.exp2((lse[i] - m) * Float32(1.0 / LN2), fastmath=False)
-                        for q in cutlass.range(peers, unroll=1):
-                            total += cute.math.exp2(
-                                (recv[lse_off // 4 + q * L.M_TILE + row] - m) * Float32(1.0 / LN2), fastmath=False)
-                    lse_tot = -Float32.inf
-                    if total > 0.0:
-                        lse_tot = m + cute.math.log2(total, fastmath=False) * Float32(LN2)
-                    w_self = Float32(0.0)
-                    if lse[i] > -Float32.inf:
-                        w_self = cute.math.exp2((lse[i] - lse_tot) * Float32(1.0 / LN2), fastmath=False)
-                    f_self = w_self * inv[i]
-                    for h in cutlass.range_constexpr(PV_SPLITS):
-                        for j in cutlass.range_constexpr(vals):
-                            acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * f_self
-                    for q in cutlass.range(peers, unroll=1):
-                        lq = recv[lse_off // 4 + q * L.M_TILE + row]
-                        w_q = Float32(0.0)
-                        if lq > -Float32.inf:
-                            w_q = cute.math.exp2((lq - lse_tot) * Float32(1.0 / LN2), fastmath=False)
-                        base = (((q * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16) // 4
-                        for v in cutlass.range_constexpr(vecs):
-                            x = cute.make_rmem_tensor((4,), Float32)
-                            cute.autovec_copy(cute.local_tile(recv, (4,), ((base + v * 128) // 4,)), x)
-                            h = 4 * v // vals
-                            j = 4 * v % vals
-                            for e in cutlass.range_constexpr(4):
-                                acc_o_mn[h][i, j + e] = acc_o_mn[h][i, j + e] + w_q * x[e]
-                    grow = m_tile * L.M_TILE + row
-                    if grow < cfg.rows and wg == 0 and lane % 4 == 0:
-                        io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
-            warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
-            buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES
-            self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
-
-    @cute.jit
-    def pull_merge(self, acc_o_mn: list, c_o_mn: cute.Tensor, inv: cute.Tensor, lse: cute.Tensor, req: Int32,
-                   wg: Int32, wg_tidx: Int32, ctid: Int32, rank: Int32, kv_addr: Int32, exchange: ClusterExchange,
-                   pair):
-        """The cluster merge at 8-32 heads (``cfg.cluster_pull``). Each CTA writes its live
-        rows (o/ℓ, fp32) and their LSEs into its own idle KV stages and arrives on every
-        peer's ``free`` (its rows are ready); once all peers' rows are, every consumer thread
-        of rank d loads its share of the rows d owns from each CTA of the cluster (distributed
-        shared memory), merges them (lse = log Σ exp(lse_q), o = Σ exp(lse_q - lse)·o_q) and
-        stores bf16. A CTA leaves once every peer has arrived on its ``data`` (done reading
-        it). The live rows sit in one warp of each warpgroup: their stores stay local, and
-        the cluster's loads are spread over all 256 threads."""
-        cfg = self.cfg
-        io = self.io
-        k = cfg.cluster
-        rpr = cfg.cluster_rows_per_rank
-        span = rpr * k
-        lse_off, _ = cfg.cluster_recv_bytes
-        row_words = PULL_ROW_BYTES // 4
-        vec4 = CONTENT_DIM // 4  # 16-byte units per row
-        rows_per_thr = cute.size(c_o_mn, mode=[0])
-        s_rows = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
-                                  cute.make_layout((span, CONTENT_DIM, 1), stride=(row_words, 1, 0)))
-        s_lse = cute.make_tensor(cute.make_ptr(Float32, kv_addr + lse_off, cute.AddressSpace.smem, assumed_align=16),
-                                 cute.make_layout((span,)))
-        lane = wg_tidx % 32
-        pair.arrive_and_wait()  # both WGs past their last PV: the stages are idle
-        # the rows as the split epilogue writes its fp32 partials (through each warp's staging buffer)
-        warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
-        self.store_tile(acc_o_mn, c_o_mn, inv, s_rows, 0, Float32, 0, wg, wg_tidx,
-                        kv_addr + self.kv_smem_bytes + warp * EPI_BYTES)
-        for i in cutlass.range_constexpr(rows_per_thr):
-            row = c_o_mn[i, 0][0]
-            if row < span and wg == 0 and lane % 4 == 0:
-                s_lse[row] = lse[i]
-        pair.arrive_and_wait()  # the CTA's rows are written; ctid < k releases them to peer ctid
+        pair.arrive_and_wait()
         exchange.stages_idle(ctid, rank)
         exchange.wait_free()
         if cutlass.const_expr(cfg.trace):
             if wg_tidx == 0:
-                self.tracer.stamp("count_seen", wg)  # here: every peer's rows ready
-        for idx in cutlass.range(ctid, rpr * vec4, roles.PAIR_THREADS, unroll=1):
-            row = rank * rpr + idx // vec4
-            c4 = idx % vec4
-            if row < cfg.rows:
-                # the peers in a loop ptxas keeps, merged online (running max, sum and o)
-                m = -Float32.inf
-                total = Float32(0.0)
-                acc = cute.make_rmem_tensor((4,), Float32)
-                acc.fill(0.0)
-                for q in cutlass.range(k, unroll=1):
-                    lq = ptx.ld_cluster_f32(ptx.mapa(kv_addr + lse_off + row * 4, q))
-                    base = ptx.mapa(kv_addr + row * PULL_ROW_BYTES + c4 * 16, q)
-                    x = cute.make_rmem_tensor((4,), Float32)
-                    for e in cutlass.range_constexpr(4):
-                        x[e] = ptx.ld_cluster_f32(base + 4 * e)
-                    if lq > -Float32.inf:
-                        m_new = cutlass.max(m, lq)
-                        scale = cute.math.exp2((m - m_new) * Float32(1.0 / LN2), fastmath=False)
-                        w = cute.math.exp2((lq - m_new) * Float32(1.0 / LN2), fastmath=False)
-                        total = total * scale + w
-                        for e in cutlass.range_constexpr(4):
-                            acc[e] = acc[e] * scale + w * x[e]
-                        m = m_new
-                lse_tot = -Float32.inf
-                inv_t = Float32(0.0)
-                if total > 0.0:
-                    lse_tot = m + cute.math.log2(total, fastmath=False) * Float32(LN2)
-                    inv_t = Float32(1.0) / total
-                for e in cutlass.range_constexpr(4):
-                    acc[e] = acc[e] * inv_t
-                if not cutlass.const_expr("store" in cfg.skip):
-                    o4 = cute.make_rmem_tensor((4,), BFloat16)
-                    for e in cutlass.range_constexpr(4):
-                        o4[e] = acc[e].to(BFloat16)
-                    cute.autovec_copy(o4, cute.local_tile(io.out[row, None, req], (4,), (c4,)))
-                    if c4 == 0:
-                        io.lse[req, row % cfg.heads, row // cfg.heads] = lse_tot
+                self.tracer.stamp("count_seen", wg)  # here: every peer's stages free
+        # send the rows other ranks own: slot = my index among the owner's peers
+        for i in cutlass.range_constexpr(rows_per_thr):
+            row = c_o_mn[i, 0][0]
+            owner = row // rows_per_rank
+            if cutlass.const_expr(span < L.M_TILE):
+                if row >= span:
+                    owner = rank
+            if owner != rank:
+                slot = rank
+                if rank > owner:
+                    slot = rank - 1
+                pidx = row // 8 - owner * blocks8
+                if cutlass.const_expr(rows_per_rank < 8):
+                    pidx = 0
+                base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
+                rbase = ptx.mapa(base, owner)
+                # fewer rows than the tile (8-32 heads, one tile): the rows past them are
+                # never written, so they are not sent (at h8 that is 56 of 64); the owner
+                # merges whatever its stage holds there and drops it
+                send = True
+                if cutlass.const_expr(cfg.rows < L.M_TILE):
+                    send = row < cfg.rows
+                if send:
+                    for v in cutlass.range_constexpr(vecs):
+                        h = 4 * v // vals
+                        j = 4 * v % vals
+                        ptx.st_cluster_v4(
+                            rbase + v * 512, acc_o_mn[h][i, j] * inv[i], acc_o_mn[h][i, j + 1] * inv[i],
+                            acc_o_mn[h][i, j + 2] * inv[i], acc_o_mn[h][i, j + 3] * inv[i],
+                        )
+                    if wg == 0 and lane % 4 == 0:
+                        ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
+                                           lse[i])
+                exchange.rows_sent(owner)
+        exchange.wait_rows()
         if cutlass.const_expr(cfg.trace):
             if wg_tidx == 0:
-                self.tracer.stamp("merged", wg)  # here: this thread's share merged and stored
-        # every thread's loads are done: tell each peer, and stay until every peer is done with ours
-        pair.arrive_and_wait()
-        if ctid < k:
-            if ctid != rank:
-                ptx.mbar_arrive_cluster(ptx.mapa(exchange.data, ctid))
-        exchange.wait_rows()
+                self.tracer.stamp("merged", wg)  # here: every peer's rows arrived
+        # merge the rows this rank owns, in the accumulator's registers
+        recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
+                                cute.make_layout((lse_off // 4 + (k - 1) * L.M_TILE,)))
+        one = cute.make_rmem_tensor((rows_per_thr,), Float32)
+        for i in cutlass.range_constexpr(rows_per_thr):
+            row = c_o_mn[i, 0][0]
+            one[i] = Float32(0.0)
+            if row // rows_per_rank == rank:
+                one[i] = Float32(1.0)
+                pidx = row // 8 - rank * blocks8
+                if cutlass.const_expr(rows_per_rank < 8):
+                    pidx = 0
+                m = lse[i]
+                for q in cutlass.range(peers, unroll=1):
+                    m = cutlass.max(m, recv[lse_off // 4 + q * L.M_TILE + row])
+                total = Float32(0.0)
+                if m > -Float32.inf:
+                    total = cute.math.exp2((lse[i] - m) * Float32(1.0 / LN2), fastmath=False)
+                    for q in cutlass.range(peers, unroll=1):
+                        total += cute.math.exp2(
+                            (recv[lse_off // 4 + q * L.M_TILE + row] - m) * Float32(1.0 / LN2), fastmath=False)
+                lse_tot = -Float32.inf
+                if total > 0.0:
+                    lse_tot = m + cute.math.log2(total, fastmath=False) * Float32(LN2)
+                w_self = Float32(0.0)
+                if lse[i] > -Float32.inf:
+                    w_self = cute.math.exp2((lse[i] - lse_tot) * Float32(1.0 / LN2), fastmath=False)
+                f_self = w_self * inv[i]
+                for h in cutlass.range_constexpr(PV_SPLITS):
+                    for j in cutlass.range_constexpr(vals):
+                        acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * f_self
+                for q in cutlass.range(peers, unroll=1):
+                    lq = recv[lse_off // 4 + q * L.M_TILE + row]
+                    w_q = Float32(0.0)
+                    if lq > -Float32.inf:
+                        w_q = cute.math.exp2((lq - lse_tot) * Float32(1.0 / LN2), fastmath=False)
+                    base = (((q * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16) // 4
+                    for v in cutlass.range_constexpr(vecs):
+                        x = cute.make_rmem_tensor((4,), Float32)
+                        cute.autovec_copy(cute.local_tile(recv, (4,), ((base + v * 128) // 4,)), x)
+                        h = 4 * v // vals
+                        j = 4 * v % vals
+                        for e in cutlass.range_constexpr(4):
+                            acc_o_mn[h][i, j + e] = acc_o_mn[h][i, j + e] + w_q * x[e]
+                grow = m_tile * L.M_TILE + row
+                if grow < cfg.rows and wg == 0 and lane % 4 == 0:
+                    io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
+        warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
+        buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES
+        self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
 
     @cute.jit
     def store_tile(self, acc_o_mn: list, c_o_mn: cute.Tensor, inv: cute.Tensor, m_dst: cute.Tensor, idx: Int32,
