@@ -205,15 +205,6 @@ class Epilogue:
                     if wg == 0 and lane % 4 == 0:
                         ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
                                            lse[i])
-        # the arrivals after all of this thread's rows are sent: each release waits for the
-        # thread's stores before it, so only the first waits
-        for i in cutlass.range_constexpr(rows_per_thr):
-            row = c_o_mn[i, 0][0]
-            owner = row // rows_per_rank
-            if cutlass.const_expr(span < L.M_TILE):
-                if row >= span:
-                    owner = rank
-            if owner != rank:
                 exchange.rows_sent(owner)
         exchange.wait_rows()
         if cutlass.const_expr(cfg.trace):
