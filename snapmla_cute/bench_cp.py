@@ -66,8 +66,6 @@ def _query(b, s_q, h):
 def _tail_us(md, cp_call, multi: bool, world: int) -> dict:
     """The merge of ``world`` partials and, under torchrun, the exchange and the whole call
     (``cp_call(out, lse, check)``)."""
-    import torch.distributed as dist
-
     from snapmla_cute import distributed
 
     if multi:
@@ -79,9 +77,7 @@ def _tail_us(md, cp_call, multi: bool, world: int) -> dict:
     distributed.merge_partials(outs, lses, out=out, lse=lse)
     figs = dict(merge_us=time_us(lambda: distributed.merge_partials(outs, lses, out=out, lse=lse)))
     if multi:
-        def exchange():
-            dist.all_gather_into_tensor(md.outs, md.local_out)
-            dist.all_gather_into_tensor(md.lses, md.local_lse)
+        exchange = lambda: distributed.exchange_partials(md)  # noqa: E731
 
         exchange()
         torch.cuda.synchronize()

@@ -95,6 +95,10 @@ def all_variants(full: bool = True) -> list[tuple]:
     from snapmla_cute.kernels import lse_merge
 
     out += [(lse_merge.NAME, lse_merge.compile, lse_merge.LseMergeConfig(s, h)) for s, h in ((1, 128), (8, 8), (4, 16))]
+    # sparse context parallel: the global lists turned into a rank's compacted slot lists
+    from snapmla_cute.kernels import topk_translate as tt
+
+    out += [(tt.NAME, tt.compile, tt.TopkTranslateConfig(64, rr, gl)) for rr in (True, False) for gl in (False, True)]
     return out
 
 

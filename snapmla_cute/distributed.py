@@ -74,17 +74,34 @@ class CPDecodeMetadata:
     def __init__(self, local: DecodeMetadata, world: int, device):
         b, s_q, h = local.batch, local.s_q, local.heads
         self.batch, self.s_q, self.heads, self.world, self.local = b, s_q, h, world, local
-        self.local_out, self.local_lse, self.outs, self.lses = _partial_buffers(b, s_q, h, world, device)
+        self.local_out, self.local_lse, self.outs, self.lses, self.send, self.gathered = _partial_buffers(
+            b, s_q, h, world, device)
         self.visible = torch.empty(b, s_q, dtype=torch.int32, device=device)
 
 
 def _partial_buffers(b: int, s_q: int, h: int, world: int, device):
     """This rank's decode ``out`` bf16 ``[b, s_q, h, 512]`` and ``lse`` fp32 ``[b, h, s_q]``,
-    and the group's gathered ones ``[world, ...]`` (what :func:`_exchange_and_merge` reads)."""
-    return (torch.empty(b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=device),
-            torch.empty(b, h, s_q, dtype=torch.float32, device=device),
-            torch.empty(world, b, s_q, h, CONTENT_DIM, dtype=torch.bfloat16, device=device),
-            torch.empty(world, b, h, s_q, dtype=torch.float32, device=device))
+    the group's gathered ones ``[world, ...]`` (what :func:`_exchange_and_merge` reads), and
+    the two byte buffers under them: ``(local_out, local_lse, outs, lses, send, gathered)``.
+    A rank's out and LSE sit in one ``send`` row so that the exchange is one all-gather
+    (each NCCL call costs ~15-25 µs at these sizes); ``outs`` / ``lses`` are views of the
+    gathered rows (a rank's slab contiguous, rows 256-byte aligned)."""
+    out_bytes = b * s_q * h * CONTENT_DIM * 2
+    row = max(256, -(-(out_bytes + b * h * s_q * 4) // 256) * 256)
+    send = torch.zeros(row, dtype=torch.uint8, device=device)
+    gathered = torch.zeros(world, row, dtype=torch.uint8, device=device)
+
+    def views(buf, lead: tuple, lead_stride: tuple):
+        out = buf.view(torch.bfloat16).as_strided(
+            (*lead, b, s_q, h, CONTENT_DIM), (*(x // 2 for x in lead_stride), s_q * h * CONTENT_DIM, h * CONTENT_DIM,
+                                              CONTENT_DIM, 1))
+        lse = buf.view(torch.float32).as_strided(
+            (*lead, b, h, s_q), (*(x // 4 for x in lead_stride), h * s_q, s_q, 1), out_bytes // 4)
+        return out, lse
+
+    local_out, local_lse = views(send, (), ())
+    outs, lses = views(gathered, (world,), (row,))
+    return local_out, local_lse, outs, lses, send, gathered
 
 
 def cp_decode_metadata(
@@ -123,13 +140,28 @@ def _merge_launcher(s_q: int, heads: int):
     return _launcher(lse_merge.compile, (s_q, heads), lambda: lse_merge.LseMergeConfig(s_q, heads))
 
 
+def _check_stacked(name, t, dtype, dim, last=None):
+    """A stack of W partials: each one contiguous, any row stride between them that keeps
+    them apart and 16-byte aligned (the gathered rows of :func:`_partial_buffers`)."""
+    _check_tensor(name, t, dtype, dim=dim, last=last, rows_strided=True)
+    if t.shape[0] == 0 or t[0].numel() == 0:
+        return
+    if not t[0].is_contiguous():
+        raise ValueError(f"{name}: expected each partial contiguous, got strides {t.stride()}")
+    step = 16 // t.element_size()
+    if t.shape[0] > 1 and (t.stride(0) < t[0].numel() or t.stride(0) % step):
+        raise ValueError(f"{name}: expected a stride between partials of at least {t[0].numel()} elements "
+                         f"and a multiple of {step}, got {t.stride(0)}")
+
+
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor, *, out=None, lse=None) -> tuple[torch.Tensor, torch.Tensor]:
     """LSE merge of W partial decodes of the same queries (``kernels.lse_merge``): ``outs``
-    bf16 ``[W, b, s_q, h, 512]``, ``lses`` fp32 ``[W, b, h, s_q]`` (contiguous) → ``out``
+    bf16 ``[W, b, s_q, h, 512]``, ``lses`` fp32 ``[W, b, h, s_q]`` (each partial contiguous;
+    any 16-byte-multiple stride between them, as in ``CPDecodeMetadata.outs``) → ``out``
     bf16 ``[b, s_q, h, 512]``, ``lse`` fp32 ``[b, h, s_q]``. A row with every ``lse_w`` =
     -inf gives zeros and -inf."""
-    _check_tensor("outs", outs, torch.bfloat16, dim=5, last=CONTENT_DIM)
-    _check_tensor("lses", lses, torch.float32, dim=4)
+    _check_stacked("outs", outs, torch.bfloat16, 5, CONTENT_DIM)
+    _check_stacked("lses", lses, torch.float32, 4)
     W, b, s_q, h, _ = outs.shape
     if tuple(lses.shape) != (W, b, h, s_q):
         raise ValueError(f"lses: expected shape {(W, b, h, s_q)} (from outs {tuple(outs.shape)}), got {tuple(lses.shape)}")
@@ -234,16 +266,21 @@ def _merge_reads(metadata) -> dict:
             "metadata.outs": metadata.outs, "metadata.lses": metadata.lses}
 
 
-def _exchange_and_merge(metadata, group, out, lse):
-    """The tail of a context-parallel call on checked tensors: this rank's partial
-    (``metadata.local_out`` / ``local_lse``) all-gathered over ``group`` into
-    ``metadata.outs`` / ``lses`` (world 1: used as is) and LSE-merged into ``out`` / ``lse``
-    (allocated if None)."""
+def exchange_partials(metadata, group=None) -> None:
+    """This rank's partial (``metadata.local_out`` / ``local_lse``) all-gathered over
+    ``group`` into ``metadata.outs`` / ``lses``: one NCCL all-gather of the byte rows they
+    share (``metadata.send`` → ``metadata.gathered``)."""
     import torch.distributed as dist
 
+    dist.all_gather_into_tensor(metadata.gathered, metadata.send, group=group)
+
+
+def _exchange_and_merge(metadata, group, out, lse):
+    """The tail of a context-parallel call on checked tensors: this rank's partial
+    exchanged (:func:`exchange_partials`; world 1: used as is) and LSE-merged into ``out`` /
+    ``lse`` (allocated if None)."""
     if metadata.world > 1:
-        dist.all_gather_into_tensor(metadata.outs, metadata.local_out, group=group)
-        dist.all_gather_into_tensor(metadata.lses, metadata.local_lse, group=group)
+        exchange_partials(metadata, group)
         outs, lses = metadata.outs, metadata.lses
     else:
         outs, lses = metadata.local_out.unsqueeze(0), metadata.local_lse.unsqueeze(0)

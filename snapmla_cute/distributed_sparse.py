@@ -55,6 +55,7 @@ from snapmla_cute.distributed import (
     _partial_buffers,
 )
 from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN as _MAX_SEQLEN
+from snapmla_cute.tuning import _launcher
 from snapmla_cute.sparse import (
     SPARSE_HEADS,
     SPARSE_MAX_S_Q,
@@ -78,7 +79,8 @@ class CPSparseDecodeMetadata:
         self.batch, self.s_q, self.heads, self.topk, self.world, self.local = b, s_q, h, topk, world, local
         self.indices = torch.empty(b, s_q, topk, dtype=torch.int32, device=device)
         self.topk_length = torch.empty(b, dtype=torch.int32, device=device)
-        self.local_out, self.local_lse, self.outs, self.lses = _partial_buffers(b, s_q, h, world, device)
+        self.local_out, self.local_lse, self.outs, self.lses, self.send, self.gathered = _partial_buffers(
+            b, s_q, h, world, device)
 
 
 def cp_sparse_decode_metadata(batch: int, s_q: int, heads: int, topk: int, *, world: int, device=None,
@@ -131,7 +133,29 @@ def local_topk(topk_pos: torch.Tensor, block_table: torch.Tensor, cache_seqlens:
 
 
 def _translate(topk_pos, block_table, cache_seqlens, placement, page_size, topk_length, out, out_length):
-    """:func:`local_topk` on checked tensors."""
+    """:func:`local_topk` on checked tensors: one kernel on the GPU (``kernels.topk_translate``),
+    torch ops elsewhere (the same values)."""
+    if topk_pos.is_cuda:
+        _translate_kernel(topk_pos, block_table, cache_seqlens, placement, page_size, topk_length, out, out_length)
+    else:
+        _translate_torch(topk_pos, block_table, cache_seqlens, placement, page_size, topk_length, out, out_length)
+
+
+def _translate_kernel(topk_pos, block_table, cache_seqlens, placement, page_size, topk_length, out, out_length):
+    from snapmla_cute.kernels import topk_translate
+
+    if topk_pos.shape[0] == 0:
+        return
+    rr = isinstance(placement, RoundRobin)
+    key = (page_size, rr, topk_length is not None)
+    fn = _launcher(topk_translate.compile, key, lambda: topk_translate.TopkTranslateConfig(*key))
+    starts = cache_seqlens if rr else placement.starts  # unread with round robin
+    rank, world = (placement.rank, placement.world) if rr else (0, 1)
+    fn(topk_pos, block_table, cache_seqlens, starts, cache_seqlens if topk_length is None else topk_length, out,
+       out_length, rank, world)
+
+
+def _translate_torch(topk_pos, block_table, cache_seqlens, placement, page_size, topk_length, out, out_length):
     b, s_q, topk = topk_pos.shape
     pos = topk_pos.long()  # int64: no overflow whatever the positions and starts
     if isinstance(placement, RoundRobin):

@@ -76,3 +76,38 @@ def test_float64_merge_of_shards_is_the_whole_attention(causal):
     fin = torch.isfinite(whole_lse)
     assert (lse[fin] - whole_lse[fin]).abs().max() < 1e-10
     assert (out - whole).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("b, s_q, h, world", [(1, 1, 8, 2), (3, 2, 16, 4), (2, 8, 128, 3), (0, 1, 64, 2)])
+def test_partials_share_one_exchange_row(b, s_q, h, world):
+    """A rank's out and LSE are views of one byte row (one all-gather moves both); the
+    gathered rows read back as every rank's out and LSE, each partial contiguous and
+    16-byte aligned, which merge_partials' checks accept."""
+    from snapmla_cute.distributed import _check_stacked, _partial_buffers
+
+    local_out, local_lse, outs, lses, send, gathered = _partial_buffers(b, s_q, h, world, "cpu")
+    assert local_out.is_contiguous() and local_lse.is_contiguous()
+    assert send.shape[0] % 256 == 0 and tuple(gathered.shape) == (world, send.shape[0])
+    expect_out, expect_lse = [], []
+    for w in range(world):  # each rank's partial, as the all-gather would place it
+        local_out.copy_(torch.randn(b, s_q, h, 512).bfloat16())
+        local_lse.copy_(torch.randn(b, h, s_q))
+        expect_out.append(local_out.clone())
+        expect_lse.append(local_lse.clone())
+        gathered[w].copy_(send)
+    assert torch.equal(outs, torch.stack(expect_out)) and torch.equal(lses, torch.stack(expect_lse))
+    _check_stacked("outs", outs, torch.bfloat16, 5, 512)
+    _check_stacked("lses", lses, torch.float32, 4)
+    if b:
+        assert all(outs[w].is_contiguous() and outs[w].data_ptr() % 16 == 0 for w in range(world))
+
+
+def test_stacked_partials_must_stay_apart():
+    from snapmla_cute.distributed import _check_stacked
+
+    outs = torch.zeros(2, 1, 1, 8, 512, dtype=torch.bfloat16)
+    overlapping = outs.as_strided(outs.shape, (8, *outs.stride()[1:]))  # rank 1 inside rank 0
+    with pytest.raises(ValueError, match="stride between partials"):
+        _check_stacked("outs", overlapping, torch.bfloat16, 5, 512)
+    with pytest.raises(ValueError, match="contiguous"):
+        _check_stacked("outs", torch.zeros(2, 4, 1, 8, 512, dtype=torch.bfloat16)[:, ::2], torch.bfloat16, 5, 512)

@@ -181,3 +181,37 @@ def test_bad_values_are_refused_before_any_launch(seed):
                                     placement=where, topk_length=args["topk_length"], metadata=md, out=out, lse=lse)
     torch.cuda.synchronize()
     assert torch.all(out == 7) and torch.all(lse == 7) and torch.all(md.indices == 7)
+
+
+@pytest.mark.parametrize("placement", ["round_robin", "contiguous"])
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+@pytest.mark.parametrize("with_length", [False, True])
+def test_translation_kernel_matches_a_loop_and_the_torch_ops(placement, world, with_length):
+    """``kernels.topk_translate`` (what ``local_topk`` runs on the GPU): the lists a plain loop
+    gives, and the torch version's, for lists shorter and longer than one 256-entry chunk,
+    junk positions (-1, negatives, past the end, int32's extremes) and junk page ids past
+    every request's pages; the output poisoned before."""
+    from test_distributed_sparse import _expected, _positions, _shard_table
+
+    rng = random.Random(world)
+    gen = torch.Generator().manual_seed(world + 10 * with_length)
+    for s_q, topk, ps in ((1, 2048, 64), (3, 300, 16), (8, 5, 64), (2, 256, 32)):
+        lens = [0, 1, world - 1, world, 7, 100, rng.randint(1, 700), rng.randint(5000, 70000)]
+        pos = _positions(lens, s_q, topk, gen)
+        topk_length = None
+        if with_length:
+            topk_length = torch.tensor([rng.choice([-3, 0, 1, topk // 2, topk, topk + 9]) for _ in lens],
+                                       dtype=torch.int32)
+        for rank in sorted({0, world - 1}):
+            table, local, where = _shard_table(lens, world, rank, placement, ps, rng)
+            want, want_len = _expected(pos, table, local, where, ps, topk_length)
+            cuda_where = where if placement == "round_robin" else distributed.Contiguous(where.starts.cuda())
+            args = (pos.cuda(), table.cuda(), local.cuda())
+            glen = None if topk_length is None else topk_length.cuda()
+            out = torch.full(pos.shape, 12345, dtype=torch.int32, device="cuda")
+            out_len = torch.full((len(lens),), 12345, dtype=torch.int32, device="cuda")
+            ds.local_topk(*args, placement=cuda_where, page_size=ps, topk_length=glen, out=out, out_length=out_len)
+            assert torch.equal(out.cpu(), want) and torch.equal(out_len.cpu(), want_len), (placement, world, rank, s_q)
+            ref_out, ref_len = torch.empty_like(out), torch.empty_like(out_len)
+            ds._translate_torch(*args, cuda_where, ps, glen, ref_out, ref_len)
+            assert torch.equal(out, ref_out) and torch.equal(out_len, ref_len)
