@@ -26,6 +26,7 @@ from snapmla_cute.reference import (
     LOG2E,
     default_softmax_scale,
     _gather,
+    pow2_tile_codes,
     quantize_rows,
     row_scale,
     to_e4m3,
@@ -152,10 +153,8 @@ def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) ->
         return _QuantizedK(kb, ones, kb[:, :CONTENT_DIM], ones)
     if cfg.kv == "tile128":
         # 128-channel tiles, scale 2^ceil(log2(amax/448)); code·scale is exact in bf16
-        tiles = kf[:, :CONTENT_DIM].view(L, CONTENT_DIM // 128, 128)
-        amax = tiles.abs().amax(-1, keepdim=True).clamp(min=AMAX_FLOOR)
-        sc = torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
-        deq = (to_e4m3(tiles / sc).float() * sc).view(L, CONTENT_DIM)
+        codes, sc = pow2_tile_codes(kf[:, :CONTENT_DIM])
+        deq = (codes.float() * sc).view(L, CONTENT_DIM)
         ones = torch.ones(L, dtype=torch.float32, device=k.device)
         return _QuantizedK(torch.cat([deq, kf[:, CONTENT_DIM:].to(torch.bfloat16).float()], -1), ones, deq, ones)
     if cfg.kv == "per_token":  # Config A

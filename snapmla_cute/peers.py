@@ -106,10 +106,8 @@ def v32_cache(kv_pages: torch.Tensor) -> torch.Tensor:
     P, ps, _ = kv_pages.shape
     x = kv_pages.reshape(-1, ref.HEAD_DIM)
     n = x.shape[0]
-    tiles = x[:, : ref.CONTENT_DIM].float().view(n, ref.CONTENT_DIM // V32_TILE, V32_TILE)
-    amax = tiles.abs().amax(-1, keepdim=True).clamp(min=ref.AMAX_FLOOR)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / ref.FP8_MAX)))
-    codes = ref.to_e4m3(tiles / scale).view(n, ref.CONTENT_DIM)
+    codes, scale = ref.pow2_tile_codes(x[:, : ref.CONTENT_DIM], V32_TILE)
+    codes = codes.view(n, ref.CONTENT_DIM)
     rows = torch.cat([
         codes.view(torch.uint8),
         scale.reshape(n, -1).contiguous().view(torch.uint8),

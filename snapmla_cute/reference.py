@@ -42,6 +42,17 @@ def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
+def pow2_tile_codes(content: torch.Tensor, tile: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[n, C]`` in e4m3 under one power-of-two scale per ``tile`` channels, 2^ceil(log2(amax /
+    448)) (DeepSeek-V3.2's cache format; code·scale is exact in bf16): ``(codes e4m3 [n, C /
+    tile, tile], scales fp32 [n, C / tile, 1])``."""
+    n, c = content.shape
+    tiles = content.float().view(n, c // tile, tile)
+    amax = tiles.abs().amax(-1, keepdim=True).clamp(min=AMAX_FLOOR)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
+    return to_e4m3(tiles / scale), scale
+
+
 # --------------------------------------------------------------------------------------------
 # RoPE-aware per-token quantization (§3.1, Eq. 6)
 # --------------------------------------------------------------------------------------------
