@@ -127,12 +127,14 @@ class DecodeSchedulerKernel:
                 x += y
         return x
 
+    @staticmethod
     @cute.jit
-    def exclusive_scan(self, v, s_warp, tidx, threads: cutlass.Constexpr = THREADS):
-        """Block-wide exclusive prefix sum of one Int32 per thread: (prefix, total)."""
+    def exclusive_scan(v, s_warp, tidx, threads: cutlass.Constexpr = THREADS):
+        """Block-wide exclusive prefix sum of one Int32 per thread: (prefix, total); ``s_warp``
+        holds a sum per warp (also the top-k translation's chunk scan)."""
         lane = tidx % 32
         warp = tidx // 32
-        x = self.warp_inclusive_scan(v, lane)
+        x = DecodeSchedulerKernel.warp_inclusive_scan(v, lane)
         if lane == 31:
             s_warp[warp] = x
         cute.arch.sync_threads()

@@ -39,26 +39,6 @@ class TopkTranslateConfig:
     global_length: bool  # a global topk_length keeps each list's first entries
 
 
-@cute.jit
-def block_exclusive_scan(v: Int32, s_warp: cute.Tensor, tidx: Int32):
-    """Exclusive prefix sum of one Int32 per thread over the CTA: (prefix, total)."""
-    lane = tidx % 32
-    warp = tidx // 32
-    x = DecodeSchedulerKernel.warp_inclusive_scan(v, lane)
-    if lane == 31:
-        s_warp[warp] = x
-    cute.arch.sync_threads()
-    before = Int32(0)
-    total = Int32(0)
-    for w in cutlass.range_constexpr(THREADS // 32):
-        t = s_warp[w]
-        if w < warp:
-            before += t
-        total += t
-    cute.arch.sync_threads()  # s_warp is reused by the next chunk
-    return before + x - v, total
-
-
 class TopkTranslateKernel:
     def __init__(self, cfg: TopkTranslateConfig):
         self.cfg = cfg
@@ -132,7 +112,7 @@ class TopkTranslateKernel:
                 slot = Int32(-1)
                 if j < listed:
                     owned, slot = self.slot_of(m_pos[req, t, j], table_row, width, seqlen, start, rank, world)
-                before, total = block_exclusive_scan(Int32(owned), s_warp, tidx)
+                before, total = DecodeSchedulerKernel.exclusive_scan(Int32(owned), s_warp, tidx, THREADS)
                 if owned:
                     m_indices[req, t, found + before] = slot
                 found += total

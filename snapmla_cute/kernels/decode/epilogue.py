@@ -183,9 +183,7 @@ class Epilogue:
                 slot = rank
                 if rank > owner:
                     slot = rank - 1
-                pidx = row // 8 - owner * blocks8
-                if cutlass.const_expr(rows_per_rank < 8):
-                    pidx = 0
+                pidx = self.owned_slab(row, owner)
                 base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
                 rbase = ptx.mapa(base, owner)
                 # fewer rows than the tile (8-32 heads, one tile): the rows past them are
@@ -219,9 +217,7 @@ class Epilogue:
             one[i] = Float32(0.0)
             if row // rows_per_rank == rank:
                 one[i] = Float32(1.0)
-                pidx = row // 8 - rank * blocks8
-                if cutlass.const_expr(rows_per_rank < 8):
-                    pidx = 0
+                pidx = self.owned_slab(row, rank)
                 m = lse[i]
                 for q in cutlass.range(peers, unroll=1):
                     m = cutlass.max(m, recv[lse_off // 4 + q * L.M_TILE + row])
@@ -260,6 +256,14 @@ class Epilogue:
         warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
         buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES
         self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
+
+    def owned_slab(self, row, owner):
+        """Which of ``owner``'s 8-row slabs in the cluster merge's buffer holds ``row`` (one slab
+        where a rank owns 1-4 rows)."""
+        rows_per_rank = self.cfg.cluster_rows_per_rank
+        if rows_per_rank < 8:
+            return 0
+        return row // 8 - owner * (rows_per_rank // 8)
 
     @cute.jit
     def store_tile(self, acc_o_mn: list, c_o_mn: cute.Tensor, inv: cute.Tensor, m_dst: cute.Tensor, idx: Int32,
@@ -315,16 +319,14 @@ class Epilogue:
                                 cute.autovec_copy(
                                     v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
                                 )
-                        elif cutlass.const_expr(cfg.cluster_rows_per_rank == L.M_TILE // cfg.cluster):
-                            # the cluster merge: only the rows this rank owns (a pass's 8 rows share one owner)
-                            if (row0 + lr < cfg.rows and (row0 % L.M_TILE) // (L.M_TILE // cfg.cluster) == owner_rank
-                                    and not cutlass.const_expr("store" in cfg.skip)):
-                                cute.autovec_copy(
-                                    v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
-                                )
                         else:
-                            # the live rows spread: a pass's 8 rows may have several owners
-                            if (row0 + lr < cfg.rows and ((row0 + lr) % L.M_TILE) // cfg.cluster_rows_per_rank == owner_rank
+                            # the cluster merge: only the rows this rank owns (with 64/k rows a
+                            # rank, a pass's 8 rows share one owner; with the live rows spread,
+                            # they may have several)
+                            owned = row0
+                            if cutlass.const_expr(cfg.cluster_rows_per_rank != L.M_TILE // cfg.cluster):
+                                owned = row0 + lr
+                            if (row0 + lr < cfg.rows and (owned % L.M_TILE) // cfg.cluster_rows_per_rank == owner_rank
                                     and not cutlass.const_expr("store" in cfg.skip)):
                                 cute.autovec_copy(
                                     v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
