@@ -203,7 +203,8 @@ def decode_case(b: int, h: int, s_q: int, lens: list[int], page_size: int = 64, 
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(b, s_q, h, 576, device="cuda").to(torch.bfloat16)
     qq = quantize_q(q)
-    md = decode_metadata(seqlens, s_q=s_q, heads=h)
+    # the metadata states the longest length its calls see, as a serving engine can
+    md = decode_metadata(seqlens, s_q=s_q, heads=h, max_seqlen=max(lens))
     out, lse = mla_decode(qq, cache, block_table, seqlens, causal=causal, metadata=md)
     return DecodeCase(q, qq, kv.view(total_pages, page_size, 576), cache, block_table, seqlens, causal, md, out, lse)
 

@@ -75,6 +75,11 @@ def all_variants(full: bool = True) -> list[tuple]:
     from snapmla_cute.kernels.decode import DecodeConfig
 
     out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(DecodeConfig(h, 1, 64, False, cluster=2))) for h in (64, 128)]
+    # the head-group plan of small batches (128 or 64 heads as groups of 16, a cluster of k
+    # each): every (g, k) default_head_groups picks, the bf16-query step, the accurate mode's
+    out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(DecodeConfig(16, 1, 64, False, cluster=k), g))
+            for g, k in ((8, 2), (8, 4), (8, 8), (4, 4), (4, 8))]
+    out += [(dc.STEP_Q_NAME, dc.compile_step_q, DecodeStepConfig(DecodeConfig(16, 1, 64, False, cluster=8), 8))]
     # what mla_decode_sparse launches, at every head count (the call's s_q changes only views)
     out += [(dc.SPARSE_NAME, dc.compile_sparse, c) for c in sparse_variants()]
     out += [(dc.SPARSE_Q_NAME, dc.compile_sparse_q, sparse_variants()[-1])]
@@ -89,6 +94,10 @@ def all_variants(full: bool = True) -> list[tuple]:
     out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(c)) for c in split_variants()]
     out += [(dc.STEP_Q_NAME, dc.compile_step_q, DecodeStepConfig(split_variants()[0]))]
     from snapmla_cute.kernels.decode.config import Q_SPLIT_KV_STAGES as _stages
+    from snapmla_cute.kernels.decode.config import Q_SPLIT_MAX_CLUSTER
+
+    out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(
+        DecodeConfig(16, 1, 64, False, cluster=Q_SPLIT_MAX_CLUSTER, q_split=True, kv_stages=_stages), 8))]
 
     out += [(dc.SPARSE_NAME, dc.compile_sparse, DecodeSparseStepConfig(
         DecodeConfig(128, 1, 1, False, sparse=True, q_split=True, kv_stages=_stages), 1))]

@@ -22,20 +22,28 @@ from snapmla_cute.kernels import decode_scheduler as _scheduler
 from snapmla_cute.kernels import dequant_kv as _dequant_kv
 from snapmla_cute.kernels import quant_q as _quant_q
 from snapmla_cute.kv_cache import FP8KVCache
-from snapmla_cute.planning import HEADS, DecodeMetadata, _check_cluster_parts, decode_metadata
+from snapmla_cute.planning import (
+    HEAD_GROUP_HEADS,
+    HEAD_GROUP_MIN_HEADS,
+    HEADS,
+    DecodeMetadata,
+    _check_cluster_parts,
+    decode_metadata,
+)
 from snapmla_cute.tuning import DECODE_TUNING, _hot_table, _launcher
 from snapmla_cute.validation import _query_values, _table_stats, _validate_decode
 
-_hot_steps = _hot_table()  # (heads, s_q, page_size, causal, bf16 q, visible, cluster, q_split) -> compiled step
+_hot_steps = _hot_table()  # (heads, s_q, page_size, causal, bf16 q, visible, cluster, q_split, head groups) -> step
 _LOG2E = 1.4426950408889634
 _DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
 
 
 def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False, visible: bool = False,
-                   cluster: int = 1, q_split: bool = False):
+                   cluster: int = 1, q_split: bool = False, head_groups: int = 1):
     """The compiled step (``decode_step``, or ``decode_step_q`` which quantizes a bf16 query
     first; ``visible``: causal by given visible-key counts, quantized query only), registered
-    for the hot path."""
+    for the hot path. ``heads`` are the call's; with ``head_groups`` g the kernel's requests
+    have heads / g."""
     tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
 
     from snapmla_cute.kernels.decode import compile as decode_compile
@@ -53,13 +61,14 @@ def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: b
         if visible:
             kw["cluster"] = 1  # the context-parallel step: plain launches
         # the tuning may set kv_stages over the accurate mode's default
-        return DecodeStepConfig(DecodeConfig(heads=heads, s_q=s_q, page_size=page_size, causal=causal, **{**extra, **kw}))
+        return DecodeStepConfig(DecodeConfig(heads=heads // head_groups, s_q=s_q, page_size=page_size, causal=causal,
+                                             **{**extra, **kw}), head_groups)
 
     step = decode_compile.compile_step_q if bf16_q else decode_compile.compile_step
     key = (heads, s_q, page_size, causal, tuning, cluster) + (("visible",) if visible else ()) + (
-        ("q_split",) if q_split else ())
+        ("q_split",) if q_split else ()) + ((("head_groups", head_groups),) if head_groups > 1 else ())
     fn = _launcher(step, key, make)
-    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible, cluster, q_split)] = fn
+    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible, cluster, q_split, head_groups)] = fn
     return fn
 
 
@@ -110,7 +119,7 @@ def mla_decode(
         try:
             bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
             fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None,
-                             _launch_cluster(metadata, visible), _is_split(q))]
+                             _launch_cluster(metadata, visible, _is_split(q)), _is_split(q), metadata.head_groups)]
         except (KeyError, AttributeError, TypeError):
             fn = None  # first call of this shape, or bad arguments: the full path below
         if fn is not None:
@@ -210,10 +219,18 @@ def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     return bf16_q, args + (head[3] if len(head) > 3 else None,)
 
 
-def _launch_cluster(metadata, visible) -> int:
+def _launch_cluster(metadata, visible, q_split: bool = False) -> int:
     """The step's parts per cluster, as the hot path looks it up and ``_step_call`` registers
-    it: the metadata's, but plain for the context-parallel step."""
-    return 1 if visible is not None else metadata.cluster
+    it: the metadata's, but plain for the context-parallel step and at most
+    ``Q_SPLIT_MAX_CLUSTER`` in the accurate mode (whose three KV stages hold no larger
+    cluster merge; the kernel's plan then leaves the extra parts idle)."""
+    if visible is not None:
+        return 1
+    if not q_split:
+        return metadata.cluster
+    from snapmla_cute.kernels.decode.config import Q_SPLIT_MAX_CLUSTER
+
+    return min(metadata.cluster, Q_SPLIT_MAX_CLUSTER)
 
 
 def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible=None):
@@ -222,19 +239,21 @@ def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax
     bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
     _, s_q, h, _ = args[0].shape
     _check_cluster_parts(metadata)
-    cluster = _launch_cluster(metadata, visible)
     q_split = _is_split(q)
-    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster, q_split), args
+    cluster = _launch_cluster(metadata, visible, q_split)
+    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster, q_split,
+                          metadata.head_groups), args
 
 
 def warmup(
-    heads=HEADS, s_q=(1,), page_sizes=(64,), causal=(False, True), *, clusters=(1, 2), arch: str | None = None,
-    progress: bool = True,
+    heads=HEADS, s_q=(1,), page_sizes=(64,), causal=(False, True), *, clusters=(1, 2), head_groups: bool = True,
+    arch: str | None = None, progress: bool = True,
 ) -> int:
     """Compiles (or loads from the disk cache) every kernel a serving config needs, ahead of
     traffic: each decode step plain and in clusters of two (``clusters``; ``default_cluster``
-    picks per metadata). Returns how many kernel variants are ready. ``arch="sm_90a"`` works
-    without a GPU."""
+    picks per metadata), and with ``head_groups`` at s_q 1 the head-group steps
+    ``default_head_groups`` may pick (clusters of 2, 4 and 8). Returns how many kernel
+    variants are ready. ``arch="sm_90a"`` works without a GPU."""
     import itertools
 
     from snapmla_cute.kernels.decode import DecodeConfig
@@ -246,8 +265,14 @@ def warmup(
     for p in page_sizes:
         work += [(_append_kv.compile_call, _append_kv.AppendKVCallConfig(p)),
                  (_dequant_kv.compile_call, _dequant_kv.DequantKVCallConfig(p))]
-    for h, s, p, c, k in itertools.product(heads, s_q, page_sizes, causal, clusters):
-        cfg = DecodeStepConfig(DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, **{"cluster": k, **DECODE_TUNING}))
+    steps = [(h, s, p, c, k, 1) for h, s, p, c, k in itertools.product(heads, s_q, page_sizes, causal, clusters)]
+    if head_groups and 1 in s_q and "cluster" not in DECODE_TUNING:
+        steps += [(h, 1, p, c, k, h // HEAD_GROUP_HEADS) for h, p, c, k in itertools.product(heads, page_sizes, causal,
+                                                                                              (2, 4, 8))
+                  if h >= HEAD_GROUP_MIN_HEADS]
+    for h, s, p, c, k, g in steps:
+        cfg = DecodeStepConfig(DecodeConfig(heads=h // g, s_q=s, page_size=p, causal=c,
+                                            **{"cluster": k, **DECODE_TUNING}), g)
         work += [(decode_compile.compile_step, cfg), (decode_compile.compile_step_q, cfg)]  # quantized / bf16 query
     bar = None
     if progress:

@@ -111,7 +111,7 @@ def cp_decode_metadata(
     rank's lengths, only their count and device are used) over ``world`` ranks."""
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ValueError(f"world: expected an int >= 1, got {world!r}")
-    local = decode_metadata(cache_seqlens, s_q=s_q, heads=heads, num_parts=num_parts)
+    local = decode_metadata(cache_seqlens, s_q=s_q, heads=heads, num_parts=num_parts, head_groups=1)  # visible step: plain
     return CPDecodeMetadata(local, world, cache_seqlens.device)
 
 

@@ -42,17 +42,21 @@ class DecodeMetadata:
     to capture in a CUDA graph and replay with new lengths.
     """
 
-    def __init__(self, batch: int, s_q: int, heads: int, num_parts: int, device):
-        rows = s_q * heads
+    def __init__(self, batch: int, s_q: int, heads: int, num_parts: int, device, head_groups: int = 1):
+        # the kernel's requests: with head groups g, each request's heads as g requests of
+        # heads / g (``DecodeStepConfig.head_groups``); the plan's buffers are theirs
+        n, rows = batch * head_groups, s_q * heads // head_groups
         self.batch, self.s_q, self.heads, self.num_parts = batch, s_q, heads, num_parts
-        self.cluster = 1  # parts per cluster of the launch (``decode_metadata`` may choose 2)
+        self.head_groups = head_groups
+        self.max_seqlen = None  # the longest length its calls will see, where stated (``decode_metadata``)
+        self.cluster = 1  # parts per cluster of the launch (``decode_metadata`` may choose 2, or 2-8 with head groups)
         self.sched = torch.zeros(num_parts, 8, dtype=torch.int32, device=device)
-        self.split_offsets = torch.zeros(batch + 1, dtype=torch.int32, device=device)
-        max_splits = batch + num_parts  # each part boundary adds at most one split
+        self.split_offsets = torch.zeros(n + 1, dtype=torch.int32, device=device)
+        max_splits = n + num_parts  # each part boundary adds at most one split
         self.o_partial = torch.empty(max_splits, rows, CONTENT_DIM, dtype=torch.float32, device=device)
         self.lse_partial = torch.empty(max_splits, rows, dtype=torch.float32, device=device)
         # per (request, m-tile): splits counted, mergers done; the last merger zeroes both
-        self.counters = torch.zeros(batch, 2 * ((rows + 63) // 64), dtype=torch.int32, device=device)
+        self.counters = torch.zeros(n, 2 * ((rows + 63) // 64), dtype=torch.int32, device=device)
         # the quantized query of a bf16 q, so a captured decode allocates nothing
         self.q_nope = torch.empty(batch, s_q, heads, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=device)
         self.q_rope = torch.empty(batch, s_q, heads, ROPE_DIM, dtype=torch.bfloat16, device=device)
@@ -61,8 +65,13 @@ class DecodeMetadata:
 
     def _set_step_args(self):
         # what the decode step takes, prebuilt; split_offsets goes as its first `batch`
-        # entries so TVM-FFI ties the plan to the call's batch size (the step reads all b + 1)
-        self.step_args = (self.sched, self.split_offsets[: self.batch], self.o_partial, self.lse_partial, self.counters)
+        # entries so TVM-FFI ties the plan to the call's batch size (the step reads all b + 1);
+        # with head groups, per call request: [b, g] and [b, g, 2·m_tiles]
+        g = self.head_groups
+        offsets, counters = self.split_offsets[: self.batch * g], self.counters
+        if g > 1:
+            offsets, counters = offsets.view(self.batch, g), counters.view(self.batch, g, -1)
+        self.step_args = (self.sched, offsets, self.o_partial, self.lse_partial, counters)
         self.q_args = None if self.q_nope is None else (self.q_nope, self.q_rope, self.q_scale)
 
     @classmethod
@@ -76,7 +85,7 @@ class DecodeMetadata:
                             max_parts=_merge_max_splits())
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.num_parts = batch, s_q, heads, sched.shape[0]
-        md.cluster = 1  # the custom op's metadata: plain launches
+        md.cluster, md.head_groups, md.max_seqlen = 1, 1, None  # the custom op's metadata: plain launches
         md.sched, md.split_offsets, md.o_partial, md.lse_partial = sched, split_offsets, o_partial, lse_partial
         md.counters = counters
         md.q_nope = md.q_rope = md.q_scale = None
@@ -86,8 +95,10 @@ class DecodeMetadata:
     def update(self, cache_seqlens: torch.Tensor) -> None:
         """Plans into ``sched`` / ``split_offsets`` as the decode kernel will (which re-plans
         at every call and writes back the plan it ran; the cluster plan is the kernel's only)."""
-        c = plan_config(self.s_q, self.heads)
-        _launcher(_scheduler.compile)(cache_seqlens, self.sched, self.split_offsets, c.split_units, c.stream_parts)
+        g = self.head_groups
+        c = plan_config(self.s_q, self.heads // g)
+        lens = cache_seqlens.repeat_interleave(g) if g > 1 else cache_seqlens  # the kernel's requests
+        _launcher(_scheduler.compile)(lens, self.sched, self.split_offsets, c.split_units, c.stream_parts)
 
 
 _MERGE_MAX_SPLITS = []
@@ -135,7 +146,8 @@ def default_num_parts(batch: int, m_tiles: int, num_sms: int) -> int:
 
 
 def decode_metadata(
-    cache_seqlens: torch.Tensor, *, s_q: int, heads: int, num_parts: int | None = None, cluster: int | None = None
+    cache_seqlens: torch.Tensor, *, s_q: int, heads: int, num_parts: int | None = None, cluster: int | None = None,
+    head_groups: int | None = None, max_seqlen: int | None = None,
 ) -> DecodeMetadata:
     """Allocates the split-KV plan for a decode shape and fills it from ``cache_seqlens``.
 
@@ -145,6 +157,14 @@ def decode_metadata(
     ``cluster`` (1 or 2; default: :func:`default_cluster` from these lengths, which reads
     them to the host once, or 1 under graph capture) launches the decode in clusters of that
     many parts, so the kernel may merge a request's halves on-chip.
+
+    ``max_seqlen``: the longest length any call with this metadata will see (a captured
+    graph's replays included), or None (any). Where it is short and the batch small,
+    :func:`default_head_groups` takes the head-group plan: each request's heads as groups of
+    16, a cluster of CTAs each, merged on-chip (b1 h128 s_k640 on the H100: 14.7 -> 12.9
+    µs). Calls past ``max_seqlen`` stay correct but slow down several-fold (the plan has 8
+    CTAs read each KV block). ``head_groups`` (1 or heads / 16, at s_q 1) sets the plan
+    instead, with ``cluster`` 1, 2, 4 or 8 (default 64 CTAs in all).
     """
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
     if isinstance(s_q, bool) or not isinstance(s_q, int) or not 1 <= s_q <= MAX_S_Q:
@@ -155,26 +175,94 @@ def decode_metadata(
         raise ValueError(
             f"cache_seqlens: expected a batch of 1..{MAX_BATCH} requests, got {cache_seqlens.shape[0]}"
         )
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)
+                                   or not 0 <= max_seqlen <= MAX_SEQLEN):
+        raise ValueError(f"max_seqlen: expected None or an int in [0, {MAX_SEQLEN}], got {max_seqlen!r}")
     _check_cuda(cache_seqlens=cache_seqlens)
-    m_tiles = (s_q * heads + 63) // 64
+    batch = cache_seqlens.shape[0]
+    sms = _num_sms(cache_seqlens.device)
+    if head_groups is None:
+        head_groups, k = 1, None
+        if num_parts is None and cluster is None and max_seqlen is not None:
+            head_groups, k = default_head_groups(batch, s_q, heads, max_seqlen, sms)
+        cluster = cluster if head_groups == 1 else k
+    elif head_groups != 1:
+        _check_head_groups(head_groups, s_q, heads)
+        if cluster is None:
+            cluster = head_group_cluster(batch, head_groups)
+    if head_groups > 1 and num_parts is None:
+        num_parts = batch * head_groups * cluster  # one cluster a kernel request
+    rows = s_q * heads // head_groups
+    m_tiles = (rows + 63) // 64
     # one wave (the launch is cooperative), and no more splits per request than the
     # in-kernel merge has room for
-    slots = max(1, min(_num_sms(cache_seqlens.device) // m_tiles, _merge_max_splits()))
+    slots = max(1, min(sms // m_tiles, _merge_max_splits()))
     if num_parts is None:
-        num_parts = default_num_parts(cache_seqlens.shape[0], m_tiles, slots * m_tiles)
+        num_parts = default_num_parts(batch, m_tiles, slots * m_tiles)
     elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
         # the decode launch is cooperative (split requests merge in-kernel): one wave at most
         raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
-    if cluster is not None and (cluster not in (1, 2) or num_parts % cluster):
-        raise ValueError(f"cluster: expected 1 or 2 (dividing num_parts {num_parts}), got {cluster!r}")
-    md = DecodeMetadata(cache_seqlens.shape[0], s_q, heads, num_parts, cache_seqlens.device)
+    sizes = (1, 2) if head_groups == 1 else (1, 2, 4, 8)
+    if cluster is not None and (cluster not in sizes or num_parts % cluster):
+        raise ValueError(f"cluster: expected one of {sizes} (dividing num_parts {num_parts}), got {cluster!r}")
+    if head_groups > 1 and cluster >= 4 and num_parts > HEAD_GROUP_PARTS:
+        # the cooperative launch refused 128 CTAs in clusters of 4 and of 8 (H100)
+        raise ValueError(f"num_parts: at most {HEAD_GROUP_PARTS} in clusters of {cluster}, got {num_parts}")
+    md = DecodeMetadata(batch, s_q, heads, num_parts, cache_seqlens.device, head_groups)
+    md.max_seqlen = max_seqlen
     if cluster is not None:
         md.cluster = cluster
     elif not torch.cuda.is_current_stream_capturing():  # reads the lengths (one sync); captured: plain launches
-        md.cluster = default_cluster(cache_seqlens.tolist(), num_parts, plan_config(s_q, heads, cluster=2),
-                                     _num_sms(cache_seqlens.device))
+        md.cluster = default_cluster(cache_seqlens.tolist(), num_parts, plan_config(s_q, heads, cluster=2), sms)
     md.update(cache_seqlens)
     return md
+
+
+# the head-group plan (``DecodeStepConfig.head_groups``): a request's heads in groups of
+# HEAD_GROUP_HEADS, each group a kernel request on a cluster of k CTAs whose portions merge
+# on-chip, HEAD_GROUP_PARTS CTAs in all. ``default_head_groups`` takes it where it was
+# measured faster than the plain plans (H100, graph replay, ``profiles/NOTES.md``, "Small
+# batches: the head-group plan"): batches of 1-4 at 64 and 128 heads, up to 1024 tokens, a
+# CTA's share at most 5 KV blocks (b4 h128 s_k1024 at 8 blocks a CTA: 18.9 against 16.8 µs).
+HEAD_GROUP_HEADS = 16
+HEAD_GROUP_PARTS = 64
+HEAD_GROUP_MIN_HEADS = 64
+HEAD_GROUP_MAX_BATCH = 4
+HEAD_GROUP_MAX_SEQLEN = 1024
+HEAD_GROUP_MAX_BLOCKS = 5
+
+
+def default_head_groups(batch: int, s_q: int, heads: int, max_seqlen: int, num_sms: int = 132) -> tuple[int, int]:
+    """``(head groups, parts per cluster)`` for a decode whose lengths never pass
+    ``max_seqlen``: ``(heads / 16, k)``, k = ``head_group_cluster(b, g)``, for one query token, at
+    least ``HEAD_GROUP_MIN_HEADS`` heads, batches up to ``HEAD_GROUP_MAX_BATCH``,
+    ``max_seqlen`` up to ``HEAD_GROUP_MAX_SEQLEN`` and at most ``HEAD_GROUP_MAX_BLOCKS`` KV
+    blocks a CTA, on a device whose cluster launches were measured (``CLUSTER_SM_COUNTS``);
+    else ``(1, 1)``."""
+    g = heads // HEAD_GROUP_HEADS
+    if (s_q != 1 or heads < HEAD_GROUP_MIN_HEADS or not 1 <= batch <= HEAD_GROUP_MAX_BATCH
+            or num_sms not in CLUSTER_SM_COUNTS or "cluster" in DECODE_TUNING or max_seqlen > HEAD_GROUP_MAX_SEQLEN):
+        return 1, 1
+    k = head_group_cluster(batch, g)
+    blocks = -(-clamp_len_host(max_seqlen) // 64)
+    if k < 2 or -(-blocks // k) > HEAD_GROUP_MAX_BLOCKS:
+        return 1, 1
+    return g, k
+
+
+def head_group_cluster(batch: int, head_groups: int) -> int:
+    """Parts per cluster of the head-group plan: the largest of 1, 2, 4, 8 that keeps b·g·k
+    within ``HEAD_GROUP_PARTS``."""
+    x = max(1, min(8, HEAD_GROUP_PARTS // (batch * head_groups)))
+    return 1 << (x.bit_length() - 1)
+
+
+def _check_head_groups(head_groups, s_q: int, heads: int) -> None:
+    """``decode_metadata``'s explicit ``head_groups``: 1, or heads / 16 at s_q 1."""
+    g = heads // HEAD_GROUP_HEADS
+    if isinstance(head_groups, bool) or head_groups not in (1, g) or (head_groups > 1 and s_q != 1):
+        raise ValueError(f"head_groups: expected 1 or {g} (heads / {HEAD_GROUP_HEADS}, at s_q 1) for heads {heads} "
+                         f"and s_q {s_q}, got {head_groups!r}")
 
 
 # devices whose one wave of 2-CTA clusters was measured to fit every part (the launch is

@@ -160,5 +160,8 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
             raise ValueError(
                 f"metadata: made for (batch, s_q, heads) = {(metadata.batch, metadata.s_q, metadata.heads)}, got {(b, s_q, h)}"
             )
+        if visible is not None and metadata.head_groups > 1:
+            raise ValueError(f"metadata: made with head_groups={metadata.head_groups}; a call with visible counts takes "
+                             "a plain plan (decode_metadata(..., head_groups=1))")
         _check_same_device(q=q_dev, metadata=metadata.sched)
     return b, s_q, h, q_dev

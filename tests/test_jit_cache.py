@@ -82,9 +82,11 @@ def test_disable_switch(monkeypatch, tmp_path):
 def test_warmup_compiles_a_serving_set_without_gpu(fresh):
     from snapmla_cute import warmup
 
-    n = warmup(heads=(64,), s_q=(1,), page_sizes=(64,), causal=(False,), arch="sm_90a", progress=False)
+    n = warmup(heads=(64,), s_q=(1,), page_sizes=(64,), causal=(False,), head_groups=False, arch="sm_90a",
+               progress=False)
     # 3 fused kernels, scheduler (metadata), decode step (one decode kernel) for a
-    # quantized and for a bf16 query, each plain and in clusters of two
+    # quantized and for a bf16 query, each plain and in clusters of two (the head-group
+    # steps left out: CI's compile report builds them)
     assert n == 8
     assert len(list(fresh.glob("*.o"))) == 8
     assert len(list(fresh.glob("decode_step_q-*.o"))) == 2

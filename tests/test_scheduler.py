@@ -287,3 +287,33 @@ def test_cluster_rule_picks_the_faster_plan(b, length, heads, sparse, parts, clu
 
     plan = plan_of([length] * b, parts, plan_config(1, heads, sparse=sparse, cluster=2))
     assert (plan == PLAN_CLUSTER) == (cluster_us < other_us), plan
+
+
+def test_default_head_groups():
+    """The head-group plan where it was measured faster: 64 or 128 heads as requests of 16
+    on 64 CTAs (k a cluster), one query token, batches 1-4, a stated ``max_seqlen`` up to
+    1024 with at most 5 KV blocks a CTA, devices whose cluster launches were measured."""
+    from snapmla_cute.planning import default_head_groups, head_group_cluster
+
+    assert [default_head_groups(b, 1, 128, 640) for b in (1, 2, 3, 4, 5)] == [(8, 8), (8, 4), (8, 2), (8, 2), (1, 1)]
+    assert [default_head_groups(b, 1, 64, 1024) for b in (1, 2, 3, 4)] == [(4, 8), (4, 8), (4, 4), (4, 4)]
+    assert default_head_groups(4, 1, 128, 1024) == (1, 1)  # 8 blocks a CTA: 18.9 against 16.8 µs
+    assert default_head_groups(2, 1, 128, 1024) == (8, 4)
+    assert default_head_groups(1, 1, 128, 1025) == (1, 1)
+    assert default_head_groups(1, 1, 128, 0) == (8, 8)
+    assert default_head_groups(1, 2, 128, 640) == (1, 1)  # s_q 2
+    assert default_head_groups(1, 1, 32, 640) == (1, 1)
+    assert default_head_groups(1, 1, 128, 640, num_sms=114) == (1, 1)
+    assert [head_group_cluster(b, 8) for b in (1, 2, 3, 4, 8, 9)] == [8, 4, 2, 2, 1, 1]
+    assert head_group_cluster(3, 4) == 4
+
+
+@pytest.mark.parametrize("b, k", [(1, 8), (2, 4), (4, 2)])
+def test_head_group_requests_take_the_cluster_plan(b, k):
+    """The kernel's own rule, on the head-group plan's requests (16 heads, 64 parts), takes
+    the cluster plan (a cluster a request) at the lengths the choice admits."""
+    from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
+    from snapmla_cute.planning import HEAD_GROUP_MAX_SEQLEN, plan_config, plan_of
+
+    for length in (64 * 6, 640, HEAD_GROUP_MAX_SEQLEN):
+        assert plan_of([length] * (8 * b), 8 * b * k, plan_config(1, 16, cluster=k)) == PLAN_CLUSTER

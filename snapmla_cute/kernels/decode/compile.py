@@ -65,8 +65,10 @@ def step_fake_args(config: DecodeStepConfig, n=None, q=None):
     bf16, u8, f32, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int32
     fp8 = cutlass.Float8E4M3FN
     n = fake.sym() if n is None else n
-    h, s_q, ps = config.decode.heads, config.decode.s_q, config.decode.page_size
+    g = config.head_groups
+    h, s_q, ps = config.decode.heads * g, config.decode.s_q, config.decode.page_size  # h: the call's heads
     R = h * s_q
+    Rk = config.decode.rows  # a kernel request's rows
     m_tiles = config.decode.m_tiles
     pages, splits = fake.sym(), fake.sym()
     t = fake.tensor
@@ -81,9 +83,11 @@ def step_fake_args(config: DecodeStepConfig, n=None, q=None):
         t(u8, (pages, ps, KV_ROW_BYTES), (ps * KV_ROW_BYTES, KV_ROW_BYTES, 1), 16),
         t(f32, (pages, ps), (ps, 1), 16),
         t(i32, (fake.sym(), 8), (8, 1), 16),
-        t(i32, (n,), (1,), 4),
-        t(f32, (splits, R, CONTENT_DIM), (R * CONTENT_DIM, CONTENT_DIM, 1), 16),
-        t(f32, (splits, R), (R, 1), 4),
+        # per kernel request (g of them per call request with head groups)
+        t(i32, (n, g), (g, 1), 4) if g > 1 else t(i32, (n,), (1,), 4),
+        t(f32, (splits, Rk, CONTENT_DIM), (Rk * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        t(f32, (splits, Rk), (Rk, 1), 4),
+        t(i32, (n, g, 2 * m_tiles), (g * 2 * m_tiles, 2 * m_tiles, 1), 4) if g > 1 else
         t(i32, (n, 2 * m_tiles), (2 * m_tiles, 1), 4),
         cutlass.Float32(0.0),
         fake.stream(),
@@ -111,7 +115,7 @@ def step_q_fake_args(config: DecodeStepConfig):
     """The step from a bf16 query ``[b, s_q, h, 576]`` (the last argument), quantized into
     the q buffers first."""
     n = fake.sym()
-    return step_fake_args(config, n, _bf16_query(n, config.decode.s_q, config.decode.heads))
+    return step_fake_args(config, n, _bf16_query(n, config.decode.s_q, config.decode.heads * config.head_groups))
 
 
 def _bf16_query(n, s_q: int, h: int):

@@ -63,6 +63,9 @@ CLUSTER_SIZES = (1, 2, 4, 8)
 # KV stages of the accurate mode (``DecodeConfig.q_split``): Q's second content tile takes
 # one stage's shared memory (four do not fit the 227 KB)
 Q_SPLIT_KV_STAGES = 3
+# the largest cluster whose merge buffer (``DecodeConfig.cluster_recv_bytes``) fits those
+# three stages (98304 B; eight ranks need 116480 B)
+Q_SPLIT_MAX_CLUSTER = 4
 
 
 @dataclass(frozen=True)

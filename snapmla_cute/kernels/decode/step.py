@@ -33,9 +33,19 @@ from snapmla_cute.kernels.views import view as _view
 @dataclass(frozen=True)
 class DecodeStepConfig:
     """The dense step: ``decode`` is the kernel's config (``visible``: the step takes a causal
-    shard's visible-key counts)."""
+    shard's visible-key counts). ``head_groups`` g > 1 (s_q 1): a call's request of
+    g·``decode.heads`` heads runs as g kernel requests of ``decode.heads`` heads each,
+    sharing its block-table row and length (the head-group plan of small batches: a
+    request's heads over CTAs, ``planning.default_head_groups``)."""
 
     decode: DecodeConfig
+    head_groups: int = 1
+
+    def __post_init__(self):
+        d = self.decode
+        if self.head_groups < 1 or (self.head_groups > 1 and (d.s_q != 1 or d.visible or d.sparse)):
+            raise ValueError(f"DecodeStepConfig: head_groups > 1 needs a dense step at s_q 1 without visible "
+                             f"counts; got head_groups={self.head_groups} with {d}")
 
 
 @dataclass(frozen=True)
@@ -64,8 +74,11 @@ class DecodeStepKernel:
             decode = replace(decode, kv_evict_first=decode.kv_evict_first and cfg.s_q == 1)
         self.decode = DecodeKernel(decode)
         self.quant = QuantizeQKernel(QuantQConfig(split=decode.q_split))
-        # (token, head) rows of a request's query
-        self.q_rows = (cfg.s_q if self.sparse else cfg.decode.s_q) * cfg.decode.heads
+        # kernel requests per call request (the head-group plan's g; the sparse step's own
+        # query tokens are handled by ``sparse_views``)
+        self.groups = 1 if self.sparse else cfg.head_groups
+        # (token, head) rows of a call's request
+        self.q_rows = (cfg.s_q if self.sparse else cfg.decode.s_q) * cfg.decode.heads * self.groups
 
     @cute.jit
     def __call__(
@@ -101,7 +114,8 @@ class DecodeStepKernel:
         q_lo = None
         if cutlass.const_expr(m_q_lo is not None):  # laid out as q_nope's view
             h = self.cfg.decode.heads
-            R, n = (h, m_q_lo.shape[0] * self.cfg.s_q) if self.sparse else (self.cfg.decode.rows, m_q_lo.shape[0])
+            R, n = (h, m_q_lo.shape[0] * self.cfg.s_q) if self.sparse else (self.cfg.decode.rows,
+                                                                             m_q_lo.shape[0] * self.groups)
             q_lo = _view(m_q_lo, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), cutlass.Uint8)
         if cutlass.const_expr(self.sparse):
             self.decode(*self.sparse_views(*tensors), scale_log2, stream, None, q_lo)
@@ -128,10 +142,14 @@ class DecodeStepKernel:
     def dense_views(self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
                     m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters):
         """The decode kernel's arguments (before ``scale_log2``) as views of the dense step's
-        tensors: rows (R = s_q·h) first, the batch / page / split index last (traced inline)."""
+        tensors: rows (R = s_q·h) first, the batch / page / split index last (traced inline).
+        With head groups (g), kernel request k = i·g + j is heads [16j, 16j + 16) of request
+        i: a plain reshape of q, out and lse (s_q 1), and a stride-0 mode over j in the
+        table's and the lengths' views; the metadata's per-request buffers come as [b, g, ..]."""
         R = self.cfg.decode.rows
         ps = self.cfg.decode.page_size
-        b = m_q_nope.shape[0]
+        g = self.groups
+        b = m_q_nope.shape[0] * g  # kernel requests
         pages = m_kv.shape[0]
         splits = m_o_partial.shape[0]
         row = KV_ROW_BYTES
@@ -147,9 +165,17 @@ class DecodeStepKernel:
         # passed as b entries so TVM-FFI ties the plan to the batch (a plan made for a smaller
         # batch would be overrun); the buffer behind it holds b + 1
         m_split_offsets = _view(m_split_heads, (b + 1,), (1,))
+        table, lengths, lse, counters = m_block_table, m_seqlens, m_lse, m_counters
+        if cutlass.const_expr(g > 1):
+            h = self.cfg.decode.heads
+            n = m_q_nope.shape[0]
+            table = _view(m_block_table, ((g, n), m_block_table.shape[1]), ((0, m_block_table.layout.stride[0]), 1))
+            lengths = _view(m_seqlens, ((g, n),), ((0, 1),))
+            lse = _view(m_lse, (b, h, 1), (h, 1, 1))
+            counters = _view(m_counters, (b, 2 * self.cfg.decode.m_tiles), (2 * self.cfg.decode.m_tiles, 1))
         return (
-            q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, m_block_table, m_seqlens,
-            m_sched, m_split_offsets, out_d, m_lse, o_part_d, lse_part_d, m_counters,
+            q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, table, lengths,
+            m_sched, m_split_offsets, out_d, lse, o_part_d, lse_part_d, counters,
         )
 
     def sparse_views(self, m_q_nope, m_q_rope, m_q_scale, m_indices, m_lengths, m_out, m_lse, m_kv, m_kv_scale,
