@@ -196,7 +196,8 @@ def _short(config) -> str:
     if hasattr(config, "decode"):
         # a step's own fields (the sparse step's s_q) follow its kernel's: two sparse steps
         # differing only by s_q are two variants
-        rest = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config) if f.name != "decode"]
+        rest = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
+                if f.name != "decode" and (f.default is dataclasses.MISSING or getattr(config, f.name) != f.default)]
         return " ".join(["step: " + _short(config.decode), *rest])
     shown = []
     for f in dataclasses.fields(config):

@@ -228,7 +228,7 @@ def _launch_cluster(metadata, visible, q_split: bool = False) -> int:
         return 1
     if not q_split:
         return metadata.cluster
-    from snapmla_cute.kernels.decode.config import Q_SPLIT_MAX_CLUSTER
+    from snapmla_cute.kernels.decode.config import Q_SPLIT_MAX_CLUSTER  # in sys.modules after the first call
 
     return min(metadata.cluster, Q_SPLIT_MAX_CLUSTER)
 

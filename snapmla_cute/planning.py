@@ -162,9 +162,10 @@ def decode_metadata(
     graph's replays included), or None (any). Where it is short and the batch small,
     :func:`default_head_groups` takes the head-group plan: each request's heads as groups of
     16, a cluster of CTAs each, merged on-chip (b1 h128 s_k640 on the H100: 14.7 -> 12.9
-    µs). Calls past ``max_seqlen`` stay correct but slow down several-fold (the plan has 8
-    CTAs read each KV block). ``head_groups`` (1 or heads / 16, at s_q 1) sets the plan
-    instead, with ``cluster`` 1, 2, 4 or 8 (default 64 CTAs in all).
+    µs). Calls past ``max_seqlen`` stay correct but slow down several-fold (every KV block is
+    read by heads / 16 CTAs). ``head_groups`` (1 or heads / 16, at s_q 1) sets the plan
+    instead, with ``cluster`` 1, 2, 4 or 8 (default ``head_group_cluster``: up to 64 CTAs in
+    all) and ``num_parts`` (default b·g·k, one cluster a group).
     """
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
     if isinstance(s_q, bool) or not isinstance(s_q, int) or not 1 <= s_q <= MAX_S_Q:
@@ -186,12 +187,15 @@ def decode_metadata(
         if num_parts is None and cluster is None and max_seqlen is not None:
             head_groups, k = default_head_groups(batch, s_q, heads, max_seqlen, sms)
         cluster = cluster if head_groups == 1 else k
-    elif head_groups != 1:
-        _check_head_groups(head_groups, s_q, heads)
-        if cluster is None:
+    else:
+        _check_head_groups(head_groups, s_q, heads, batch)
+        if head_groups > 1 and cluster is None:
             cluster = head_group_cluster(batch, head_groups)
     if head_groups > 1 and num_parts is None:
         num_parts = batch * head_groups * cluster  # one cluster a kernel request
+        if num_parts > _num_sms(cache_seqlens.device):
+            raise ValueError(f"head_groups: {batch} requests x {head_groups} groups x clusters of {cluster} need "
+                             f"{num_parts} CTAs, more than one wave; pass fewer requests or head_groups=1")
     rows = s_q * heads // head_groups
     m_tiles = (rows + 63) // 64
     # one wave (the launch is cooperative), and no more splits per request than the
@@ -220,10 +224,11 @@ def decode_metadata(
 
 # the head-group plan (``DecodeStepConfig.head_groups``): a request's heads in groups of
 # HEAD_GROUP_HEADS, each group a kernel request on a cluster of k CTAs whose portions merge
-# on-chip, HEAD_GROUP_PARTS CTAs in all. ``default_head_groups`` takes it where it was
+# on-chip, HEAD_GROUP_PARTS CTAs at most. ``default_head_groups`` takes it where it was
 # measured faster than the plain plans (H100, graph replay, ``profiles/NOTES.md``, "Small
-# batches: the head-group plan"): batches of 1-4 at 64 and 128 heads, up to 1024 tokens, a
-# CTA's share at most 5 KV blocks (b4 h128 s_k1024 at 8 blocks a CTA: 18.9 against 16.8 µs).
+# batches: the head-group plan"): batches of 1, 2 and 4 (3 lies between, not measured) at
+# 64 and 128 heads, up to 1024 tokens, a CTA's share at most 5 KV blocks (b4 h128 s_k1024
+# at 8 blocks a CTA: 18.9 against 16.8 µs).
 HEAD_GROUP_HEADS = 16
 HEAD_GROUP_PARTS = 64
 HEAD_GROUP_MIN_HEADS = 64
@@ -251,23 +256,29 @@ def default_head_groups(batch: int, s_q: int, heads: int, max_seqlen: int, num_s
 
 
 def head_group_cluster(batch: int, head_groups: int) -> int:
-    """Parts per cluster of the head-group plan: the largest of 1, 2, 4, 8 that keeps b·g·k
-    within ``HEAD_GROUP_PARTS``."""
+    """Parts per cluster of the head-group plan: the largest of 2, 4, 8 that keeps b·g·k
+    within ``HEAD_GROUP_PARTS``, else 1 (b·g·k then b·g)."""
     x = max(1, min(8, HEAD_GROUP_PARTS // (batch * head_groups)))
     return 1 << (x.bit_length() - 1)
 
 
-def _check_head_groups(head_groups, s_q: int, heads: int) -> None:
-    """``decode_metadata``'s explicit ``head_groups``: 1, or heads / 16 at s_q 1."""
+def _check_head_groups(head_groups, s_q: int, heads: int, batch: int) -> None:
+    """``decode_metadata``'s explicit ``head_groups``: the int 1, or heads / 16 (at least 2) at
+    s_q 1 with at most ``MAX_BATCH`` kernel requests (the plans' prefix sums have that room)."""
     g = heads // HEAD_GROUP_HEADS
-    if isinstance(head_groups, bool) or head_groups not in (1, g) or (head_groups > 1 and s_q != 1):
-        raise ValueError(f"head_groups: expected 1 or {g} (heads / {HEAD_GROUP_HEADS}, at s_q 1) for heads {heads} "
-                         f"and s_q {s_q}, got {head_groups!r}")
+    allowed = (1, g) if g >= 2 else (1,)
+    if (isinstance(head_groups, bool) or not isinstance(head_groups, int) or head_groups not in allowed
+            or (head_groups > 1 and s_q != 1)):
+        raise ValueError(f"head_groups: expected one of {allowed} (heads / {HEAD_GROUP_HEADS}, at s_q 1) for heads "
+                         f"{heads} and s_q {s_q}, got {head_groups!r}")
+    if batch * head_groups > MAX_BATCH:
+        raise ValueError(f"head_groups: {batch} requests x {head_groups} groups exceed {MAX_BATCH} kernel requests")
 
 
 # devices whose one wave of 2-CTA clusters was measured to fit every part (the launch is
 # cooperative: a cluster that does not fit fails it). The H100 SXM and the H200 (132 SMs) take
-# 66 clusters of two but not 32 of four at 128 parts (28 do).
+# 66 clusters of two but not 32 of four at 128 parts (28 do); the head-group plan's 64 CTAs
+# in clusters of 4 or 8 fit on the H100 (not yet tried on the H200).
 CLUSTER_SM_COUNTS = (132,)
 
 

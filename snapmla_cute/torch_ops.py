@@ -7,7 +7,9 @@ memory back. ``append_kv`` mutates the cache tensors; ``mla_decode`` mutates the
 buffers (the decode kernel rewrites the plan from ``cache_seqlens``; the split counters
 return to zero). Pass the buffers of one ``decode_metadata`` / ``sparse_decode_metadata``:
 their shapes are checked against each other per call, their values are not (the counters
-must be zero, as those functions make them and every call leaves them).
+must be zero, as those functions make them and every call leaves them). The ops run the
+plain plans: a ``decode_metadata`` made with ``max_seqlen`` may take the head-group plan,
+whose buffers (16 rows a kernel request) they refuse; make theirs with ``head_groups=1``.
 """
 
 from __future__ import annotations

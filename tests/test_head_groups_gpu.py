@@ -37,21 +37,23 @@ def _check(c, out, lse, refs=None):
     assert ref.rel_l2(out.float(), ox) <= 5e-2
 
 
-@pytest.mark.parametrize("b, k, page_size", [(1, 8, 64), (1, 4, 16), (2, 4, 128), (3, 2, 64), (4, 2, 32),
-                                             (2, 1, 64)])
-def test_head_groups_match_the_references(seed, b, k, page_size):
+@pytest.mark.parametrize("b, h, k, page_size", [(1, 128, 8, 64), (1, 128, 4, 16), (2, 128, 4, 128), (3, 128, 2, 64),
+                                                (4, 128, 2, 32), (2, 128, 1, 64), (2, 64, 8, 64), (4, 64, 4, 64),
+                                                (5, 128, 1, 64)])
+def test_head_groups_match_the_references(seed, b, h, k, page_size):
     """Lengths 0, 1, a partial block and longer (the kernel re-plans the groups' work at any
     length: whole, cluster or split plans on the same parts); three calls with poisoned
-    outputs; the plan's counters back to zero; the first call's plan written per group."""
+    outputs; the plan's counters back to zero. 128 and 64 heads (8 and 4 groups); b5 h128 on
+    plain launches has 40 kernel requests, past the one-warp plan's 32."""
     _need_clusters()
     rng = random.Random(seed * 31 + b)
     pool = [0, 1, 63, 640, rng.randint(2, 2048), rng.randint(2049, 5000)]
     lens = [pool[(i + seed) % len(pool)] for i in range(b)] if b > 1 else [rng.choice(pool[2:])]
-    h = 128
+    g = h // 16
     c = build_case(b, 1, h, page_size, lens, seed=seed)
     refs = references(c, False)
-    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, head_groups=8, cluster=k)
-    assert (md.head_groups, md.cluster, md.num_parts) == (8, k, b * 8 * k)
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, head_groups=g, cluster=k)
+    assert (md.head_groups, md.cluster, md.num_parts) == (g, k, b * g * k)
     for _ in range(3):
         out, lse = _poisoned(b, h)
         mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
@@ -64,8 +66,8 @@ def test_head_groups_match_the_references(seed, b, k, page_size):
 
 def test_head_groups_from_a_bf16_and_a_quantized_query(seed):
     """The step that quantizes a bf16 query first and the one-call hot path (quantized q,
-    metadata and outputs given, ``check=False``) give the same bytes; so does the plain
-    plan within the emulation's tolerance."""
+    metadata and outputs given, ``check=False``) give the same bytes, both within the
+    references' tolerances."""
     _need_clusters()
     b, h = 2, 128
     c = build_case(b, 1, h, 64, [700, 1500], seed=seed)
@@ -164,6 +166,9 @@ def test_head_group_metadata_rejected_where_it_does_not_apply():
         decode_metadata(lens.repeat(2), s_q=1, heads=128, head_groups=8, cluster=8)
     with pytest.raises(ValueError, match="max_seqlen"):
         decode_metadata(lens, s_q=1, heads=128, max_seqlen=-1)
+    for bad in (0, 8.0, True, 2):
+        with pytest.raises(ValueError, match="head_groups"):
+            decode_metadata(lens, s_q=1, heads=128, head_groups=bad)
     c = build_case(1, 1, 128, 64, [640])
     md = decode_metadata(c["cache_seqlens"], s_q=1, heads=128, head_groups=8, cluster=8)
     vis = torch.full((1, 1), 640, dtype=torch.int32, device="cuda")

@@ -317,3 +317,18 @@ def test_head_group_requests_take_the_cluster_plan(b, k):
 
     for length in (64 * 6, 640, HEAD_GROUP_MAX_SEQLEN):
         assert plan_of([length] * (8 * b), 8 * b * k, plan_config(1, 16, cluster=k)) == PLAN_CLUSTER
+
+
+def test_explicit_head_groups_checked():
+    """``decode_metadata(head_groups=...)``: the int 1 or heads / 16 (2 at least) at s_q 1,
+    and at most MAX_BATCH kernel requests; anything else a ValueError naming it."""
+    from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
+    from snapmla_cute.planning import _check_head_groups
+
+    _check_head_groups(8, 1, 128, 4)
+    _check_head_groups(4, 1, 64, 4)
+    _check_head_groups(1, 3, 8, 4)
+    for g, s_q, heads, b in ((0, 1, 128, 1), (8.0, 1, 128, 1), (True, 1, 128, 1), (4, 1, 128, 1), (8, 2, 128, 1),
+                             (0, 1, 8, 1), (1.0, 1, 16, 1), (8, 1, 128, MAX_BATCH // 8 + 1)):
+        with pytest.raises(ValueError, match="head_groups"):
+            _check_head_groups(g, s_q, heads, b)

@@ -163,7 +163,8 @@ class DecodeConfig:
         """The KV loads carry L2's evict-first hint: ``kv_evict_first`` where a block is read
         by at most two query tiles' CTAs (H100, same build off / on: dense b32 h64 s_k8192
         -8%; two tiles, h128 s_q1, within ±3% with no consistent sign; four tiles, b128 h128
-        s_q2, +1%)."""
+        s_q2, +1%). The head-group plan's steps (16 heads, one tile) keep it although g CTAs
+        read each block: their timings were taken so; off there is not measured yet."""
         return self.kv_evict_first and self.m_tiles <= 2
 
     @property
