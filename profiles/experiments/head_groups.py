@@ -4,9 +4,11 @@ the plain plans (``head_groups=1``, the metadata's own cluster choice), graph-re
 the serving call, at small batches and several lengths. Each head-group output is checked
 against the plain call's (rel-L2). ``--replay``: the metadata made at 640 tokens (the
 default choice for ``max_seqlen=640``) and the call timed at longer lengths, as a graph
-captured with it would replay them.
+captured with it would replay them. ``--no-evict-first``: every call without L2's
+evict-first hint on the KV loads (``DecodeConfig.kv_evict_first``; the head-group steps
+keep it although each block has g readers).
 
-    python3 profiles/experiments/head_groups.py [--heads 128 64] [--replay]
+    python3 profiles/experiments/head_groups.py [--heads 128 64] [--replay] [--no-evict-first]
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ def ks(b: int, g: int) -> list[int]:
 
 
 def _warm_one(item):
-    """Compile one (h, head groups, k) step into the disk cache (a spawned process)."""
+    """Compile one (h, head groups, k) step under ``tuning`` into the disk cache (a spawned
+    process)."""
     import torch
 
     from snapmla_cute import decode_metadata, mla_decode
     from snapmla_cute.bench import decode_case
+    from snapmla_cute.tuning import DECODE_TUNING
 
-    h, g, k = item
+    h, g, k, tuning = item
+    DECODE_TUNING.update(tuning)
     c = decode_case(1, h, 1, [640], 64, False)
     md = decode_metadata(c.seqlens, s_q=1, heads=h, head_groups=g, cluster=k,
                          num_parts=None if g > 1 else 2 * k)
@@ -45,7 +50,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--replay", action="store_true")
+    ap.add_argument("--no-evict-first", action="store_true")
     args = ap.parse_args()
+    tuning = {"kv_evict_first": False} if args.no_evict_first else {}
 
     import torch
     from tabulate import tabulate
@@ -55,11 +62,14 @@ def main():
     from snapmla_cute.bench import decode_case
     from snapmla_cute.timing import time_us
 
+    from snapmla_cute.tuning import DECODE_TUNING
+
     items = sorted({(h, h // 16, k) for h in args.heads for b in BATCHES for k in ks(b, h // 16)}
                    | {(h, 1, k) for h in args.heads for k in (1, 2)})
     with ProcessPoolExecutor(max_workers=12, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for it in pool.map(_warm_one, items):
+        for it in pool.map(_warm_one, [(*it, tuning) for it in items]):
             print("warm", it, flush=True)
+    DECODE_TUNING.update(tuning)
 
     def timed(c, md):
         out = torch.empty_like(c.out)
