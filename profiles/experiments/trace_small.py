@@ -1,11 +1,11 @@
 """GPU: where a batch-1 decode's time goes, from the kernel's %globaltimer stamps
-(``DecodeConfig.trace``), on the plans a small-batch kernel would replace:
+(``DecodeConfig.trace``), b1 h128 s_k640 on three plans:
 
-* ``b1 h128 s_k640``, the shipped call (its default plan);
-* the same request as 8 requests of 16 heads sharing its block-table row, on the cluster
-  plan at k = 8 and 4 (a request's blocks over k CTAs, merged on-chip: at k = 8 the
-  dataflow of the skeleton's best row, "16 heads a CTA, S8, DSMEM", with the shipped
-  kernel's fixed path).
+* the shipped call of a metadata that states its length (``bench.decode_case``:
+  ``max_seqlen``), which takes the head-group plan: 8 kernel requests of 16 heads, each on
+  a cluster of k = 8 CTAs merged on-chip;
+* the head-group plan at k = 4;
+* the plain plan (``head_groups=1``: 64-row tiles, the split plan over 66 parts).
 
 Each call is timed (graph replay, untraced), then traced once after warm-up calls; the
 milestones print as median / max ns over the CTAs with KV work, from the earliest CTA's
@@ -56,7 +56,8 @@ def traced(call, md) -> torch.Tensor:
     try:
         for _ in range(4):
             call()
-        words = trace_words(md.o_partial, md.num_parts * ((md.s_q * md.heads + 63) // 64))
+        rows = md.s_q * md.heads // md.head_groups  # a kernel request's
+        words = trace_words(md.o_partial, md.num_parts * ((rows + 63) // 64))
         words.fill_(-1)
         call()
         torch.cuda.synchronize()
@@ -68,7 +69,6 @@ def traced(call, md) -> torch.Tensor:
 def main():
     from snapmla_cute import decode_metadata, mla_decode
     from snapmla_cute.bench import decode_case
-    from snapmla_cute.kernels.decode import config as dconf
     from snapmla_cute.timing import time_us
 
     b, h, s_k = 1, 128, 640
@@ -81,18 +81,12 @@ def main():
         print(f"== b{b} h{h} s_k{s_k} {name}: {m.num_parts} parts, k {m.cluster}, {us:.1f} µs; traced, ns:")
         print(summarize(traced(call, m)), flush=True)
 
-    run("shipped", c.metadata, c.serving_call())  # compiled (plain and traced) before the rule moves
-    g = h // GROUP
-    qq = tuple(t.reshape(b * g, 1, GROUP, *t.shape[3:]) for t in c.qq)
-    bt, lens = c.block_table.repeat_interleave(g, 0), c.seqlens.repeat_interleave(g)
-    out = torch.empty(b * g, 1, GROUP, 512, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(b * g, GROUP, 1, dtype=torch.float32, device="cuda")
-    dconf.SPLIT_UNITS_PER_TILE = 10_000  # a split priced out: the rule takes the cluster plan
-    for k in (8, 4):
-        md = decode_metadata(lens, s_q=1, heads=GROUP, num_parts=b * g * k, cluster=1)
-        md.cluster = k
-        run(f"as b{b * g} h{GROUP}, cluster plan k {k}", md,
-            lambda md=md: mla_decode(qq, c.cache, bt, lens, metadata=md, out=out, lse=lse, check=False))
+    run("shipped (head groups)", c.metadata, c.serving_call())
+    out, lse = torch.empty_like(c.out), torch.empty_like(c.lse)
+    for name, kw in (("head groups, k 4", dict(head_groups=h // GROUP, cluster=4)), ("plain", dict(head_groups=1))):
+        md = decode_metadata(c.seqlens, s_q=1, heads=h, **kw)
+        run(name, md, lambda md=md: mla_decode(c.qq, c.cache, c.block_table, c.seqlens, metadata=md, out=out,
+                                               lse=lse, check=False))
     for r in rows:
         print(f"{r[0]:36s} parts {r[1]:3d} k {r[2]}  {r[3]:6.1f} µs")
 
