@@ -191,16 +191,16 @@ def decode_metadata(
         _check_head_groups(head_groups, s_q, heads, batch)
         if head_groups > 1 and cluster is None:
             cluster = head_group_cluster(batch, head_groups)
-    if head_groups > 1 and num_parts is None:
-        num_parts = batch * head_groups * cluster  # one cluster a kernel request
-        if num_parts > _num_sms(cache_seqlens.device):
-            raise ValueError(f"head_groups: {batch} requests x {head_groups} groups x clusters of {cluster} need "
-                             f"{num_parts} CTAs, more than one wave; pass fewer requests or head_groups=1")
     rows = s_q * heads // head_groups
     m_tiles = (rows + 63) // 64
     # one wave (the launch is cooperative), and no more splits per request than the
     # in-kernel merge has room for
     slots = max(1, min(sms // m_tiles, _merge_max_splits()))
+    if head_groups > 1 and num_parts is None:
+        num_parts = batch * head_groups * cluster  # one cluster a kernel request
+        if num_parts > slots:
+            raise ValueError(f"head_groups: {batch} requests x {head_groups} groups x clusters of {cluster} need "
+                             f"{num_parts} CTAs, more than one wave ({slots}); pass fewer requests or head_groups=1")
     if num_parts is None:
         num_parts = default_num_parts(batch, m_tiles, slots * m_tiles)
     elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
