@@ -8,7 +8,7 @@ captured with it would replay them. ``--no-evict-first``: every call without L2'
 evict-first hint on the KV loads (``DecodeConfig.kv_evict_first``; the head-group steps
 keep it although each block has g readers).
 
-    python3 profiles/experiments/head_groups.py [--heads 128 64] [--replay] [--no-evict-first]
+    python3 profiles/experiments/head_groups.py [--heads 128 64] [--lengths 640 1024] [--replay] [--no-evict-first]
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def _warm_one(item):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     ap.add_argument("--replay", action="store_true")
     ap.add_argument("--no-evict-first", action="store_true")
     args = ap.parse_args()
@@ -84,7 +85,7 @@ def main():
     for h in args.heads:
         g = h // 16
         for b in BATCHES:
-            for L in LENGTHS:
+            for L in args.lengths:
                 c = decode_case(b, h, 1, [L] * b, 64, False)
                 plain = decode_metadata(c.seqlens, s_q=1, heads=h, head_groups=1)
                 us0, out0 = timed(c, plain)
