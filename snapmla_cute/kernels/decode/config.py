@@ -97,7 +97,9 @@ class DecodeConfig:
     kv_stages: int = 4
     # PV temporaries: with 2 a GEMM is issued before the previous one is added
     pv_temps: int = 2
-    qk_early: bool = True  # issue QK of block j+2 right after PV(j) instead of when j+2 starts
+    # issue QK of block j+2 right after PV(j) instead of when j+2 starts (``issue_qk_early``:
+    # not with the spread cluster merge)
+    qk_early: bool = True
     # a fourth warpgroup transposes V (after the owner's QK has read the block), taking the
     # transposition off the consumers' per-block chain (``roles.layout``); False: each
     # consumer transposes its own blocks (3 warpgroups, consumers at 240 registers)
@@ -195,22 +197,36 @@ class DecodeConfig:
 
     @property
     def cluster_merge_spread(self) -> bool:
-        """The cluster merge's sums by every consumer thread: where the ranks own only live
-        rows, fewer than a tile (``cluster_rows_per_rank`` spreads them: 8-32 heads, the
-        head-group plan's 16), a rank's rows are held by a few threads (at 16 heads 16 of
-        256), so all 256 sum the peers' shares (``Epilogue.spread_merge``). Whole tiles merge
-        in the holders' registers (``Epilogue.register_merge``)."""
-        return self.cluster > 1 and self.cluster_rows_per_rank * self.cluster < L.M_TILE
+        """The cluster merge by every consumer thread (``Epilogue.spread_merge``): in clusters
+        of 4 or 8 whose ranks own only live rows, fewer than a tile (``cluster_rows_per_rank``
+        spreads them: 8-32 heads, the head-group plan's 16), where a rank's rows are held by
+        a few threads (16 of 256 at 16 heads and k = 8). Each rank's own rows then go
+        through shared memory too. Elsewhere the holders merge in their registers: whole
+        tiles, and clusters of two, where that was faster (H100, b1 h128 s_k640 as 16-head
+        groups in clusters of two: 14.3-14.4 µs against 14.9-15.1 merged by every thread)."""
+        return self.cluster >= 4 and self.cluster_rows_per_rank * self.cluster < L.M_TILE
+
+    @property
+    def issue_qk_early(self) -> bool:
+        """``qk_early``, except with ``cluster_merge_spread``: there QK is issued when its
+        block starts. With both, ptxas spilled an accumulator register in the consumers'
+        last blocks (``finish_blocks``); those launches give a CTA at most a few blocks, and
+        the later issue cost little (H100, b1 h128 s_k640 on the head-group plan, k = 8:
+        11.1-11.3 µs against 10.9-11.1 with the early issue and the spill)."""
+        return self.qk_early and not self.cluster_merge_spread
 
     @property
     def cluster_recv_bytes(self) -> tuple[int, int]:
         """The cluster merge's receive buffer in the (idle) KV stages: the k - 1 peers' rows
         of o/ℓ from 0 (fp32, each peer's owned rows, at least one 8-row slab), then their
-        LSEs ((k - 1) x 64 floats; with ``cluster_merge_spread`` two more columns: this
-        rank's and the final ones): (offset of the LSEs, bytes in all)."""
+        LSEs ((k - 1) x 64 floats); with ``cluster_merge_spread`` a k-th slot and LSE column,
+        this rank's own (the LSEs may then reach into the epilogue's staging buffers, which
+        follow the stages and which that merge does not use): (offset of the LSEs, bytes
+        in all)."""
         k = self.cluster
-        o = (k - 1) * max(self.cluster_rows_per_rank, 8) * CONTENT_DIM * 4
-        return o, o + (k + 1 if self.cluster_merge_spread else k - 1) * L.M_TILE * 4
+        slots = k if self.cluster_merge_spread else k - 1
+        o = slots * max(self.cluster_rows_per_rank, 8) * CONTENT_DIM * 4
+        return o, o + slots * L.M_TILE * 4
 
     @property
     def box_rows(self) -> int:

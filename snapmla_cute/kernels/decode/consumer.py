@@ -183,7 +183,7 @@ class Consumer:
                     ring.wait(k0)
             if first < n:
                 ring.wait(k0 + first)
-                if cutlass.const_expr(cfg.qk_early):
+                if cutlass.const_expr(cfg.issue_qk_early):
                     self.issue_qk(tiles, ring.stage_of(k0 + first))
             seg = Segment(r, req, seqlen, blk_lo, n, k0, first)
             for j in cutlass.range(first, n, 2, unroll=1):
@@ -237,7 +237,7 @@ class Consumer:
         slot = g & 1
         blk = seg.blk_lo + j
         self.tracer.block_event("top", wg, r, j, wg_tidx)
-        if cutlass.const_expr(not cfg.qk_early):
+        if cutlass.const_expr(not cfg.issue_qk_early):
             self.issue_qk(tiles, stage)
         warpgroup.wait_group(0)
         self.tracer.block_event("qk_waited", wg, r, j, wg_tidx)
@@ -319,7 +319,7 @@ class Consumer:
         if j + 2 < seg.n:
             ring.wait(g + 2)
             self.tracer.block_event("kv_waited", wg, r, j, wg_tidx)
-            if cutlass.const_expr(cfg.qk_early):
+            if cutlass.const_expr(cfg.issue_qk_early):
                 self.issue_qk(tiles, ring.stage_of(g + 2))
         self.tracer.block_event("qk_issued", wg, r, j, wg_tidx)
 

@@ -123,14 +123,15 @@ class Epilogue:
     def cluster_epilogue(self, acc_o_mn: list, state: tuple, m_tile: Int32, req: Int32, any_blocks, wg: Int32,
                          wg_tidx: Int32, kv_addr: Int32, mbar_addr: Int32):
         """The cluster plan's end: this CTA (rank q of k) holds o/ℓ and the LSE of a k-th of
-        the request's blocks. Rank d owns rows [64d/k, 64(d+1)/k): every CTA sends the rows
-        it does not own (only those below ``cfg.rows``: none past them is ever written) to
-        their owners' idle KV stages (distributed shared memory, each
-        thread its own accumulator values, so sender and receiver share one layout), then
-        merges the rows it owns (lse = log Σ exp(lse_q), o = Σ exp(lse_q - lse)·o_q) and
-        writes them as bf16. Two mbarriers order it: ``free`` (the peers' stages are idle,
-        one arrival per peer) and ``data`` (every sending thread's rows have arrived):
-        ``pipelines.handshakes.ClusterExchange``."""
+        the request's blocks. Rank d owns rows [Rd, R(d+1)), R = ``cluster_rows_per_rank``:
+        every CTA sends the rows it does not own (only those below ``cfg.rows``: none past
+        them is ever written) to their owners' idle KV stages (distributed shared memory,
+        each thread its own accumulator values, so sender and receiver share one layout),
+        then merges the rows it owns (lse = log Σ exp(lse_q), o = Σ exp(lse_q - lse)·o_q) and
+        writes them as bf16: in the holders' registers, or with ``cluster_merge_spread`` by
+        every consumer thread (``spread_merge``). Two mbarriers order it: ``free`` (the
+        peers' stages are idle, one arrival per peer) and ``data`` (every sending thread's
+        rows have arrived): ``pipelines.handshakes.ClusterExchange``."""
         cfg = self.cfg
         io, pv_mma_rs = self.io, self.pv_mma
         k = cfg.cluster
@@ -205,30 +206,53 @@ class Epilogue:
                         ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
                                            lse[i])
                 exchange.rows_sent(owner)
-            elif cutlass.const_expr(cfg.cluster_merge_spread):
-                if wg == 0 and lane % 4 == 0 and row < span:  # this rank's own, for spread_sums
-                    st = cute.make_tensor(cute.make_ptr(Float32, kv_addr + lse_off, cute.AddressSpace.smem,
-                                                        assumed_align=4), cute.make_layout(((k + 1) * L.M_TILE,)))
-                    st[(k - 1) * L.M_TILE + row] = lse[i]
         exchange.wait_rows()
         if cutlass.const_expr(cfg.trace):
             if wg_tidx == 0:
                 self.tracer.stamp("merged", wg)  # here: every peer's rows arrived
         if cutlass.const_expr(cfg.cluster_merge_spread):
-            self.spread_sums(rank, m_tile, req, wg * roles.THREADS_PER_WG + wg_tidx, kv_addr)
-        # merge the rows this rank owns, in the accumulator's registers
-        recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
-                                cute.make_layout((cfg.cluster_recv_bytes[1] // 4,)))
-        one = cute.make_rmem_tensor((rows_per_thr,), Float32)
-        for i in cutlass.range_constexpr(rows_per_thr):
-            row = c_o_mn[i, 0][0]
-            one[i] = Float32(0.0)
-            if cutlass.const_expr(cfg.cluster_merge_spread):
+            # this rank's own rows into the last slot, once the peers' have arrived (with the
+            # accumulator dead before the wait, ptxas spilled it in finish_blocks)
+            s_own = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
+                                     cute.make_layout((cfg.cluster_recv_bytes[1] // 4,)))
+            for i in cutlass.range_constexpr(rows_per_thr):
+                row = c_o_mn[i, 0][0]
                 if row // rows_per_rank == rank:
-                    # spread_sums left the peers' weighted sum in slot 0 and the final LSE
+                    pidx = self.owned_slab(row, rank)
+                    base = (((k - 1) * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
+                    for v in cutlass.range_constexpr(vecs):
+                        h = 4 * v // vals
+                        j = 4 * v % vals
+                        x = cute.make_rmem_tensor((4,), Float32)
+                        for e in cutlass.range_constexpr(4):
+                            x[e] = acc_o_mn[h][i, j + e] * inv[i]
+                        cute.autovec_copy(x, cute.local_tile(s_own, (4,), ((base + v * 512) // 16,)))
+                    if wg == 0 and lane % 4 == 0:
+                        s_own[lse_off // 4 + (k - 1) * L.M_TILE + row] = lse[i]
+            self.spread_merge(rank, m_tile, req, wg * roles.THREADS_PER_WG + wg_tidx, kv_addr)
+        else:
+            # merge the rows this rank owns, in the accumulator's registers
+            recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
+                                    cute.make_layout((lse_off // 4 + (k - 1) * L.M_TILE,)))
+            one = cute.make_rmem_tensor((rows_per_thr,), Float32)
+            for i in cutlass.range_constexpr(rows_per_thr):
+                row = c_o_mn[i, 0][0]
+                one[i] = Float32(0.0)
+                if row // rows_per_rank == rank:
                     one[i] = Float32(1.0)
                     pidx = self.owned_slab(row, rank)
-                    lse_tot = recv[lse_off // 4 + k * L.M_TILE + row]
+                    m = lse[i]
+                    for q in cutlass.range(peers, unroll=1):
+                        m = cutlass.max(m, recv[lse_off // 4 + q * L.M_TILE + row])
+                    total = Float32(0.0)
+                    if m > -Float32.inf:
+                        total = cute.math.exp2((lse[i] - m) * Float32(1.0 / LN2), fastmath=False)
+                        for q in cutlass.range(peers, unroll=1):
+                            total += cute.math.exp2(
+                                (recv[lse_off // 4 + q * L.M_TILE + row] - m) * Float32(1.0 / LN2), fastmath=False)
+                    lse_tot = -Float32.inf
+                    if total > 0.0:
+                        lse_tot = m + cute.math.log2(total, fastmath=False) * Float32(LN2)
                     w_self = Float32(0.0)
                     if lse[i] > -Float32.inf:
                         w_self = cute.math.exp2((lse[i] - lse_tot) * Float32(1.0 / LN2), fastmath=False)
@@ -236,79 +260,48 @@ class Epilogue:
                     for h in cutlass.range_constexpr(PV_SPLITS):
                         for j in cutlass.range_constexpr(vals):
                             acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * f_self
-                    # a one-trip loop ptxas keeps, as the peers' loop (unrolled, the loads rose
-                    # above the scaling and the accumulator spilled)
-                    for q in cutlass.range(ptx.launder(Int32(1), req), unroll=1):
-                        base = ptx.launder(((wg * blocks8 + pidx) * vecs * 512 + lane * 16) // 4, q)
+                    for q in cutlass.range(peers, unroll=1):
+                        lq = recv[lse_off // 4 + q * L.M_TILE + row]
+                        w_q = Float32(0.0)
+                        if lq > -Float32.inf:
+                            w_q = cute.math.exp2((lq - lse_tot) * Float32(1.0 / LN2), fastmath=False)
+                        base = (((q * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16) // 4
                         for v in cutlass.range_constexpr(vecs):
                             x = cute.make_rmem_tensor((4,), Float32)
                             cute.autovec_copy(cute.local_tile(recv, (4,), ((base + v * 128) // 4,)), x)
                             h = 4 * v // vals
                             j = 4 * v % vals
                             for e in cutlass.range_constexpr(4):
-                                acc_o_mn[h][i, j + e] = acc_o_mn[h][i, j + e] + x[e]
-            elif row // rows_per_rank == rank:
-                one[i] = Float32(1.0)
-                pidx = self.owned_slab(row, rank)
-                m = lse[i]
-                for q in cutlass.range(peers, unroll=1):
-                    m = cutlass.max(m, recv[lse_off // 4 + q * L.M_TILE + row])
-                total = Float32(0.0)
-                if m > -Float32.inf:
-                    total = cute.math.exp2((lse[i] - m) * Float32(1.0 / LN2), fastmath=False)
-                    for q in cutlass.range(peers, unroll=1):
-                        total += cute.math.exp2(
-                            (recv[lse_off // 4 + q * L.M_TILE + row] - m) * Float32(1.0 / LN2), fastmath=False)
-                lse_tot = -Float32.inf
-                if total > 0.0:
-                    lse_tot = m + cute.math.log2(total, fastmath=False) * Float32(LN2)
-                w_self = Float32(0.0)
-                if lse[i] > -Float32.inf:
-                    w_self = cute.math.exp2((lse[i] - lse_tot) * Float32(1.0 / LN2), fastmath=False)
-                f_self = w_self * inv[i]
-                for h in cutlass.range_constexpr(PV_SPLITS):
-                    for j in cutlass.range_constexpr(vals):
-                        acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * f_self
-                for q in cutlass.range(peers, unroll=1):
-                    lq = recv[lse_off // 4 + q * L.M_TILE + row]
-                    w_q = Float32(0.0)
-                    if lq > -Float32.inf:
-                        w_q = cute.math.exp2((lq - lse_tot) * Float32(1.0 / LN2), fastmath=False)
-                    base = (((q * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16) // 4
-                    for v in cutlass.range_constexpr(vecs):
-                        x = cute.make_rmem_tensor((4,), Float32)
-                        cute.autovec_copy(cute.local_tile(recv, (4,), ((base + v * 128) // 4,)), x)
-                        h = 4 * v // vals
-                        j = 4 * v % vals
-                        for e in cutlass.range_constexpr(4):
-                            acc_o_mn[h][i, j + e] = acc_o_mn[h][i, j + e] + w_q * x[e]
-                grow = m_tile * L.M_TILE + row
-                if grow < cfg.rows and wg == 0 and lane % 4 == 0:
-                    io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
-        warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
-        buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES
-        self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
+                                acc_o_mn[h][i, j + e] = acc_o_mn[h][i, j + e] + w_q * x[e]
+                    grow = m_tile * L.M_TILE + row
+                    if grow < cfg.rows and wg == 0 and lane % 4 == 0:
+                        io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
+            warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
+            buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES
+            self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
 
     @cute.jit
-    def spread_sums(self, rank: Int32, m_tile: Int32, req: Int32, ctid: Int32, kv_addr: Int32):
-        """The spread cluster merge's sums (``cluster_merge_spread``), by all 256 consumer
-        threads: for each 16 bytes of a row this rank owns, the peers' o/ℓ weighted by
-        exp(lse_q - lse), their k - 1 loads issued together, summed into slot 0 in place
-        (a thread's items are its own); the final LSE of each row into the LSE area's last
-        column and into ``lse``. This rank's LSEs are in the column before it. Items follow
-        the receive slabs' order (``cluster_epilogue``): vector v of quad-lane c of a WG's
-        row o at ((wg·blocks8 + o/8)·16 + v)·512 + (4·(row mod 8) + c)·16."""
+    def spread_merge(self, rank: Int32, m_tile: Int32, req: Int32, ctid: Int32, kv_addr: Int32):
+        """The cluster merge where the ranks own only live rows (``cluster_merge_spread``), by
+        all 256 consumer threads, where the holders of a rank's rows are a few (at 16 heads
+        and k = 8, 16 threads): each thread takes 16 bytes of an owned row at a time, loads
+        it from the k slots (the peers', then this rank's) and their LSEs all at once,
+        weights them by exp(lse_q - lse), sums them and stores bf16 (two column pairs); and
+        each row's LSE. Items follow the slabs' order (``cluster_epilogue``): vector v of
+        quad-lane c of a WG's row o at ((wg·blocks8 + o/8)·16 + v)·512 + (4·(row mod 8) + c)·16."""
         cfg = self.cfg
+        io, pv_mma_rs = self.io, self.pv_mma
         k = cfg.cluster
         R = cfg.cluster_rows_per_rank
         vecs = CONTENT_DIM // roles.NUM_CONSUMER_WGS // 16  # 16-byte vectors per quad-lane of a row
+        vals = 4 * vecs // PV_SPLITS  # accumulator values per row, PV split and quad-lane
         blocks8 = max(R // 8, 1)
         slot_floats = roles.NUM_CONSUMER_WGS * blocks8 * vecs * 128
         lse_off, total = cfg.cluster_recv_bytes
         recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
                                 cute.make_layout((total // 4,)))
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
-        pair.arrive_and_wait()  # this rank's LSEs are written
+        pair.arrive_and_wait()  # this rank's own slot is written
         items = roles.NUM_CONSUMER_WGS * vecs * R * 4
         for it in cutlass.range(ctid, items, roles.PAIR_THREADS, unroll=1):
             c = it % 4
@@ -318,10 +311,9 @@ class Epilogue:
             row = rank * R + o
             off = ((w * blocks8 + o // 8) * vecs + v) * 128 + (4 * (row % 8) + c) * 4
             lq = cute.make_rmem_tensor((k,), Float32)
-            x = [cute.make_rmem_tensor((4,), Float32) for _ in range(k - 1)]
+            x = [cute.make_rmem_tensor((4,), Float32) for _ in range(k)]
             for q in cutlass.range_constexpr(k):
-                lq[q] = recv[lse_off // 4 + q * L.M_TILE + row]  # q = k - 1: this rank's
-            for q in cutlass.range_constexpr(k - 1):
+                lq[q] = recv[lse_off // 4 + q * L.M_TILE + row]
                 cute.autovec_copy(cute.local_tile(recv, (4,), ((q * slot_floats + off) // 4,)), x[q])
             m = lq[0]
             for q in cutlass.range_constexpr(1, k):
@@ -335,18 +327,27 @@ class Epilogue:
                 lse_tot = m + cute.math.log2(total_w, fastmath=False) * Float32(LN2)
             acc = cute.make_rmem_tensor((4,), Float32)
             acc.fill(0.0)
-            for q in cutlass.range_constexpr(k - 1):
+            for q in cutlass.range_constexpr(k):
                 w_q = Float32(0.0)
                 if lq[q] > -Float32.inf:
                     w_q = cute.math.exp2((lq[q] - lse_tot) * Float32(1.0 / LN2), fastmath=False)
                 acc.store(acc.load() + x[q].load() * w_q)
-            cute.autovec_copy(acc, cute.local_tile(recv, (4,), (off // 4,)))
-            if it < 4 * R and c == 0:  # one item a row
-                recv[lse_off // 4 + k * L.M_TILE + row] = lse_tot
-                grow = m_tile * L.M_TILE + row
-                if grow < cfg.rows:
-                    self.io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
-        pair.arrive_and_wait()  # the sums are in slot 0
+            grow = m_tile * L.M_TILE + row
+            if grow < cfg.rows:
+                if it < 4 * R and c == 0:  # one item a row
+                    io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
+                if not cutlass.const_expr("store" in cfg.skip):
+                    # quad-lane c's columns: its accumulator partition (rows 0 and 8 of warp
+                    # 0); values j, j + 1 are one column pair, as in store_tile
+                    c_q = pv_mma_rs.get_slice(c).partition_C(cute.make_identity_tensor((L.M_TILE, cfg.pv_n)))
+                    c_q_mn = cute.make_tensor(c_q.iterator, M.acc_mn_layout(pv_mma_rs, c_q.layout))
+                    col0 = (w * PV_SPLITS + 4 * v // vals) * cfg.pv_n
+                    for e in cutlass.range_constexpr(0, 4, 2):
+                        pr = cute.make_rmem_tensor((2,), BFloat16)
+                        pr[0] = acc[e].to(BFloat16)
+                        pr[1] = acc[e + 1].to(BFloat16)
+                        col = col0 + c_q_mn[0, 4 * v % vals + e][1]
+                        cute.autovec_copy(pr, cute.local_tile(io.out[grow, None, req], (2,), (col // 2,)))
 
     def owned_slab(self, row, owner):
         """Which of ``owner``'s 8-row slabs in the cluster merge's buffer holds ``row`` (one slab
