@@ -169,15 +169,13 @@ class Epilogue:
         # both WGs are past their last PV: this CTA's stages are idle; tell every peer
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
         pair.arrive_and_wait()
-        if cutlass.const_expr(cfg.cluster_merge_spread):
-            self.spread_merge(acc_o_mn, c_o_mn, inv, lse, m_tile, req, wg, wg_tidx, kv_addr, rank, exchange, 0)
         exchange.stages_idle(ctid, rank)
         exchange.wait_free()
         if cutlass.const_expr(cfg.trace):
             if wg_tidx == 0:
                 self.tracer.stamp("count_seen", wg)  # here: every peer's stages free
         if cutlass.const_expr(cfg.cluster_merge_spread):
-            self.spread_merge(acc_o_mn, c_o_mn, inv, lse, m_tile, req, wg, wg_tidx, kv_addr, rank, exchange, 1)
+            self.spread_merge(acc_o_mn, c_o_mn, inv, lse, m_tile, req, wg, wg_tidx, kv_addr, rank, exchange)
         else:
             # send the rows other ranks own: slot = my index among the owner's peers
             for i in cutlass.range_constexpr(rows_per_thr):
@@ -266,8 +264,7 @@ class Epilogue:
 
     @cute.jit
     def spread_merge(self, acc_o_mn: list, c_o_mn: cute.Tensor, inv: cute.Tensor, lse: cute.Tensor, m_tile: Int32,
-                     req: Int32, wg: Int32, wg_tidx: Int32, kv_addr: Int32, rank: Int32, exchange: ClusterExchange,
-                     phase: cutlass.Constexpr = 2):
+                     req: Int32, wg: Int32, wg_tidx: Int32, kv_addr: Int32, rank: Int32, exchange: ClusterExchange):
         """The cluster merge where the ranks own only live rows (``cluster_merge_spread``):
         rank d owns rows [R·d, R·(d+1)), R = ``cluster_rows_per_rank``, held by a few threads
         (16 of 256 at 16 heads and k = 8). The holders stage each row's o/ℓ and LSE in the
@@ -294,26 +291,23 @@ class Epilogue:
         buf = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
                                cute.make_layout((total // 4,)))
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
-        if cutlass.const_expr(phase != 1):
-            for i in cutlass.range_constexpr(rows_per_thr):
-                srow = c_o_mn[i, 0][0]
-                if srow < R * k:  # warps past the live rows hold none
-                    sowner = srow // R
-                    sdst = staged + sowner * chunk
-                    if sowner == rank:
-                        sdst = rank * chunk
-                    sbase = sdst + ((wg * vecs * R) + srow % R) * 64 + (lane % 4) * 16
-                    for v in cutlass.range_constexpr(vecs):
-                        sh = 4 * v // vals
-                        sj = 4 * v % vals
-                        sx = cute.make_rmem_tensor((4,), Float32)
-                        for e in cutlass.range_constexpr(4):
-                            sx[e] = acc_o_mn[sh][i, sj + e] * inv[i]
-                        cute.autovec_copy(sx, cute.local_tile(buf, (4,), ((sbase + v * R * 64) // 16,)))
-                    if wg == 0 and lane % 4 == 0:
-                        buf[(sdst + lse_at) // 4 + srow % R] = lse[i]
-        if cutlass.const_expr(phase == 0):
-            return
+        for i in cutlass.range_constexpr(rows_per_thr):
+            row = c_o_mn[i, 0][0]
+            if row < R * k:  # warps past the live rows hold none
+                owner = row // R
+                dst = staged + owner * chunk
+                if owner == rank:
+                    dst = rank * chunk
+                base = dst + ((wg * vecs * R) + row % R) * 64 + (lane % 4) * 16
+                for v in cutlass.range_constexpr(vecs):
+                    h = 4 * v // vals
+                    j = 4 * v % vals
+                    x = cute.make_rmem_tensor((4,), Float32)
+                    for e in cutlass.range_constexpr(4):
+                        x[e] = acc_o_mn[h][i, j + e] * inv[i]
+                    cute.autovec_copy(x, cute.local_tile(buf, (4,), ((base + v * R * 64) // 16,)))
+                if wg == 0 and lane % 4 == 0:
+                    buf[(dst + lse_at) // 4 + row % R] = lse[i]
         ptx.fence_proxy_async_smem()  # the staged chunks, before the bulk copies read them
         pair.arrive_and_wait()
         if ctid == 0:
