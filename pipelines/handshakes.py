@@ -13,15 +13,12 @@ slot ``k % 2`` and arrives on ``STATE[k % 2]``; the other WG waits there, reads 
 PV with that P and arrives on ``PFREE[k % 2]``, which the owner of block k + 2 waits on
 before it overwrites the slot.
 
-``ClusterExchange`` — the cluster plan's mbarriers per CTA, used once per launch: ``free``
+``ClusterExchange`` — the cluster plan's two mbarriers per CTA, used once per launch: ``free``
 (k - 1 arrivals: each peer's KV stages are idle, so rows may be written into them) and
 ``data`` (one arrival per peer thread and row it sent here, released at cluster scope after
-its stores; or, where the rows come as bulk copies, one arrival and the copies' bytes). Every
-thread arrives on the cluster barrier at kernel start, after the init; only the consumers
-wait on it, before their first remote arrival. Each CTA waits for its own ``free`` and
-``data`` before it exits, so no peer touches a CTA that has left; with bulk copies, which
-read the sender's shared memory after it issued them, a third, ``done`` (k - 1 arrivals:
-each peer has received this CTA's copy), keeps the sender until they have.
+its stores). Every thread arrives on the cluster barrier at kernel start, after the init;
+only the consumers wait on it, before their first remote arrival. Each CTA waits for its own
+``free`` and ``data`` before it exits, so no peer touches a CTA that has left.
 """
 
 from __future__ import annotations
@@ -147,32 +144,29 @@ class PairExchange:
 
 @dataclass(frozen=True)
 class ClusterExchange:
-    """The cluster merge's ``free`` / ``data`` (/ ``done``) mbarriers (Int32 shared
-    addresses, the same in each CTA of a ``k``-CTA cluster); a wait past ``limit_ns`` traps."""
+    """The cluster merge's ``free`` / ``data`` mbarriers (Int32 shared addresses, the same in
+    each CTA of a ``k``-CTA cluster); a wait past ``limit_ns`` traps."""
 
     free: object
     data: object
-    done: object
     k: int
     limit_ns: int
 
     @staticmethod
     def make(mbar_addr, k: int, limit_ns: int) -> "ClusterExchange":
-        """From the address of the first (``free``, then ``data`` and ``done`` 8 bytes apart)."""
-        return ClusterExchange(mbar_addr, mbar_addr + 8, mbar_addr + 16, k, limit_ns)
+        """From the address of the pair (``free`` first, ``data`` 8 bytes on)."""
+        return ClusterExchange(mbar_addr, mbar_addr + 8, k, limit_ns)
 
     @staticmethod
     @cute.jit
     def init(mbar_ptr, k: cutlass.Constexpr, rows: cutlass.Constexpr, tidx, bulk: cutlass.Constexpr = False):
         """Thread 0: ``free`` expects the k - 1 peers, ``data`` every (thread, row) of theirs
-        holding a row this CTA owns (each row: 4 threads of each consumer WG); ``bulk``:
-        ``data`` one arrival, this CTA's ``expect_rows``, and the peers' bulk copies' bytes,
-        and ``done`` the k - 1 peers."""
+        holding a row this CTA owns (each row: 4 threads of each consumer WG); ``bulk``: one
+        arrival, this CTA's ``expect_rows``, and the peers' bulk copies' bytes."""
         if tidx == 0:
             cute.arch.mbarrier_init(mbar_ptr, k - 1)
             if cutlass.const_expr(bulk):
                 cute.arch.mbarrier_init(mbar_ptr + 1, 1)
-                cute.arch.mbarrier_init(mbar_ptr + 2, k - 1)
             else:
                 cute.arch.mbarrier_init(mbar_ptr + 1, (k - 1) * 4 * NUM_CONSUMER_WGS * rows // k)
 
@@ -195,19 +189,6 @@ class ClusterExchange:
         """One thread: ``nbytes`` at this CTA's ``src`` to ``dst`` in rank ``owner``'s shared
         memory (the same offset there), completing on its ``data`` (a bulk copy)."""
         ptx.bulk_copy_cluster(ptx.mapa(dst, owner), src, nbytes, ptx.mapa(self.data, owner))
-
-    @cute.jit
-    def copies_received(self, ctid, rank):
-        """Once ``data`` has completed: thread ``ctid`` < k tells peer ``ctid`` that its bulk
-        copy here has landed (its shared memory is no longer read)."""
-        if ctid < self.k:
-            if ctid != rank:
-                ptx.mbar_arrive_cluster(ptx.mapa(self.done, ctid))
-
-    @cute.jit
-    def wait_copies_received(self):
-        """Every peer has received this CTA's bulk copy: it may exit."""
-        self.wait(self.done)
 
     @cute.jit
     def rows_sent(self, owner):

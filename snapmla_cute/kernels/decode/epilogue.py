@@ -316,7 +316,6 @@ class Epilogue:
                 if d != rank:
                     exchange.copy_rows(kv_addr + rank * chunk, kv_addr + staged + d * chunk, Int32(chunk), Int32(d))
         exchange.wait_rows()
-        exchange.copies_received(ctid, rank)
         if cutlass.const_expr(cfg.trace):
             if wg_tidx == 0:
                 self.tracer.stamp("merged", wg)  # here: every peer's rows arrived
@@ -365,8 +364,6 @@ class Epilogue:
                         pr[1] = acc[e + 1].to(BFloat16)
                         col = col0 + c_q_mn[0, 4 * v % vals + e][1]
                         cute.autovec_copy(pr, cute.local_tile(io.out[grow, None, req], (2,), (col // 2,)))
-        # this CTA's shared memory stays until its copies have landed in every peer
-        exchange.wait_copies_received()
 
     def owned_slab(self, row, owner):
         """Which of ``owner``'s 8-row slabs in the cluster merge's buffer holds ``row`` (one slab

@@ -31,9 +31,8 @@ def shared_storage(cfg, threads: int, scale_stride: int, n_scale: int, q_nope_sl
         vt_mbar: cute.struct.MemRange[cutlass.Int64, stages]  # transposer: Vᵀ written
         vt_valid: cute.struct.MemRange[Int32, stages]  # transposer: valid tokens of the block
         if cfg.cluster > 1:
-            # the cluster merge: peers' stages free, peers' rows arrived, and with bulk copies
-            # this CTA's copies received (``cluster_epilogue``)
-            cl_mbar: cute.struct.MemRange[cutlass.Int64, 3 if cfg.cluster_merge_spread else 2]
+            # the cluster merge: peers' stages free, peers' rows arrived (``cluster_epilogue``)
+            cl_mbar: cute.struct.MemRange[cutlass.Int64, 2]
         # (row, field, slot), a row's 4 fields contiguous (one 16-byte access)
         state: cute.struct.Align[cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE], 16]
         plan: cute.struct.MemRange[Int32, PLAN_WORDS]
@@ -94,7 +93,7 @@ class SmemTensors:
         return cls(storage, q_nope, q_rope, kv, kr, ks, p, vt, state, plan)
 
     def cl_mbar_addr(self):
-        """The cluster merge's mbarriers' shared address (free, then data and done, 8 bytes apart)."""
+        """The cluster merge's two mbarriers' shared address (free, then data: 8 bytes on)."""
         return self.storage.cl_mbar.data_ptr().toint()
 
     def kv_addr(self):
