@@ -159,16 +159,12 @@ class ClusterExchange:
 
     @staticmethod
     @cute.jit
-    def init(mbar_ptr, k: cutlass.Constexpr, rows: cutlass.Constexpr, tidx, bulk: cutlass.Constexpr = False):
+    def init(mbar_ptr, k: cutlass.Constexpr, rows: cutlass.Constexpr, tidx):
         """Thread 0: ``free`` expects the k - 1 peers, ``data`` every (thread, row) of theirs
-        holding a row this CTA owns (each row: 4 threads of each consumer WG); ``bulk``: one
-        arrival, this CTA's ``expect_rows``, and the peers' bulk copies' bytes."""
+        holding a row this CTA owns (each row: 4 threads of each consumer WG)."""
         if tidx == 0:
             cute.arch.mbarrier_init(mbar_ptr, k - 1)
-            if cutlass.const_expr(bulk):
-                cute.arch.mbarrier_init(mbar_ptr + 1, 1)
-            else:
-                cute.arch.mbarrier_init(mbar_ptr + 1, (k - 1) * 4 * NUM_CONSUMER_WGS * rows // k)
+            cute.arch.mbarrier_init(mbar_ptr + 1, (k - 1) * 4 * NUM_CONSUMER_WGS * rows // k)
 
     @cute.jit
     def stages_idle(self, ctid, rank):
@@ -178,17 +174,6 @@ class ClusterExchange:
         if ctid < self.k:
             if ctid != rank:
                 ptx.mbar_arrive_cluster(ptx.mapa(self.free, ctid))
-
-    @cute.jit
-    def expect_rows(self, nbytes):
-        """One thread: the peers' bulk copies bring ``nbytes`` to ``data`` (its one arrival)."""
-        ptx.mbar_expect_tx(self.data, nbytes)
-
-    @cute.jit
-    def copy_rows(self, dst, src, nbytes, owner):
-        """One thread: ``nbytes`` at this CTA's ``src`` to ``dst`` in rank ``owner``'s shared
-        memory (the same offset there), completing on its ``data`` (a bulk copy)."""
-        ptx.bulk_copy_cluster(ptx.mapa(dst, owner), src, nbytes, ptx.mapa(self.data, owner))
 
     @cute.jit
     def rows_sent(self, owner):

@@ -179,34 +179,3 @@ def pow2_normalizer(amax, *, loc=None, ip=None):
         loc, ip,
     )
     return tuple(Float32(llvm.extractvalue(_T.f32(), res, [k], loc=loc, ip=ip)) for k in range(2))
-
-
-@dsl_user_op
-def fence_proxy_async_smem(*, loc=None, ip=None):
-    """``fence.proxy.async.shared::cta``: this thread's generic-proxy shared-memory writes,
-    ordered before later async-proxy reads of them (a bulk copy issued after a barrier)."""
-    _asm(None, [], "fence.proxy.async.shared::cta;", "~{memory}", loc, ip)
-
-
-@dsl_user_op
-def mbar_expect_tx(smem_addr: Int32, nbytes: Int32, *, loc=None, ip=None):
-    """``mbarrier.arrive.expect_tx.shared::cta.b64``: one arrival on this CTA's mbarrier that
-    also expects ``nbytes`` of async-proxy transfers (``bulk_copy_cluster``) this phase."""
-    _asm(
-        None, [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
-        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}", loc, ip,
-    )
-
-
-@dsl_user_op
-def bulk_copy_cluster(dst_cluster_addr: Int32, src_smem_addr: Int32, nbytes: Int32, mbar_cluster_addr: Int32, *,
-                      loc=None, ip=None):
-    """``cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes``: ``nbytes``
-    (a multiple of 16) of this CTA's shared memory into a cluster CTA's, completing that
-    many bytes on its mbarrier (``mapa`` addresses for both, in the same CTA)."""
-    _asm(
-        None,
-        [Int32(x).ir_value(loc=loc, ip=ip) for x in (dst_cluster_addr, src_smem_addr, nbytes, mbar_cluster_addr)],
-        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
-        "r,r,r,r,~{memory}", loc, ip,
-    )

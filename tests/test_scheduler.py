@@ -243,9 +243,8 @@ def test_cluster_merge_rows_per_rank(heads, s_q, k, owned):
     1, 2 or 4 rows a rank or whole 8-row slabs (else each rank owns 64/k rows, dead ones
     too), and its receive buffer holds the k - 1 peers' owned rows (at least a slab each)
     and their LSEs; in clusters of 4 or 8 whose ranks own only live rows, fewer than a
-    tile, every consumer thread merges (``cluster_merge_spread``: the buffer holds a chunk
-    from every rank, this one's own included, and the chunks staged for the bulk copies;
-    QK is not issued early)."""
+    tile, every consumer thread merges (``cluster_merge_spread``: the buffer holds this
+    rank's rows too, and QK is not issued early)."""
     from snapmla_cute.format import CONTENT_DIM
     from snapmla_cute.kernels.decode.config import DecodeConfig
 
@@ -254,14 +253,10 @@ def test_cluster_merge_rows_per_rank(heads, s_q, k, owned):
     spread = k >= 4 and owned * k < 64
     assert cfg.cluster_merge_spread == spread
     assert cfg.issue_qk_early == (not spread)
+    slots = k if spread else k - 1
     lse_off, total = cfg.cluster_recv_bytes
-    if spread:  # k chunks received, k staged: each owned row's o/ℓ, then the LSEs padded to 16 B
-        chunk = owned * CONTENT_DIM * 4 + -(-owned * 4 // 16) * 16
-        assert cfg.spread_chunk_bytes == chunk and chunk % 16 == 0
-        assert (lse_off, total) == (k * chunk, 2 * k * chunk)
-    else:
-        assert lse_off == (k - 1) * max(owned, 8) * CONTENT_DIM * 4
-        assert total == lse_off + (k - 1) * 64 * 4
+    assert lse_off == slots * max(owned, 8) * CONTENT_DIM * 4
+    assert total == lse_off + slots * 64 * 4
 
 
 def test_default_cluster():

@@ -200,9 +200,8 @@ class DecodeConfig:
         """The cluster merge by every consumer thread (``Epilogue.spread_merge``): in clusters
         of 4 or 8 whose ranks own only live rows, fewer than a tile (``cluster_rows_per_rank``
         spreads them: 8-32 heads, the head-group plan's 16), where a rank's rows are held by
-        a few threads (16 of 256 at 16 heads and k = 8). The rows then travel as one bulk
-        copy per peer, and each rank's own go through shared memory too. Elsewhere the
-        holders merge in their registers: whole
+        a few threads (16 of 256 at 16 heads and k = 8). Each rank's own rows then go
+        through shared memory too. Elsewhere the holders merge in their registers: whole
         tiles, and clusters of two, where that was faster (H100, b1 h128 s_k640 as 16-head
         groups in clusters of two: 14.3-14.4 µs against 14.9-15.1 merged by every thread)."""
         return self.cluster >= 4 and self.cluster_rows_per_rank * self.cluster < L.M_TILE
@@ -210,33 +209,24 @@ class DecodeConfig:
     @property
     def issue_qk_early(self) -> bool:
         """``qk_early``, except with ``cluster_merge_spread``: there QK is issued when its
-        block starts. With both, ptxas spilled 1-3 accumulator registers in the consumers'
+        block starts. With both, ptxas spilled an accumulator register in the consumers'
         last blocks (``finish_blocks``); those launches give a CTA at most a few blocks, and
-        the later issue cost little (H100, b1 h128 s_k640 on the head-group plan, k = 8,
-        d61c003's merge: 11.1-11.3 µs against 10.9-11.1 with the early issue and the spill)."""
+        the later issue cost little (H100, b1 h128 s_k640 on the head-group plan, k = 8:
+        11.1-11.3 µs against 10.9-11.1 with the early issue and the spill)."""
         return self.qk_early and not self.cluster_merge_spread
 
     @property
     def cluster_recv_bytes(self) -> tuple[int, int]:
-        """The cluster merge's buffer in the (idle) KV stages: the k - 1 peers' rows of o/ℓ
-        from 0 (fp32, each peer's owned rows, at least one 8-row slab), then their LSEs
-        ((k - 1) x 64 floats): (offset of the LSEs, bytes in all). With
-        ``cluster_merge_spread``: k received chunks (``spread_chunk_bytes``, one per rank,
-        this rank's own among them), then k chunks staged for the owners: (offset of the
-        staged chunks, bytes in all); they may reach into the epilogue's staging buffers,
-        which follow the stages and which that merge does not use."""
+        """The cluster merge's receive buffer in the (idle) KV stages: the k - 1 peers' rows
+        of o/ℓ from 0 (fp32, each peer's owned rows, at least one 8-row slab), then their
+        LSEs ((k - 1) x 64 floats); with ``cluster_merge_spread`` a k-th slot and LSE column,
+        this rank's own (the LSEs may then reach into the epilogue's staging buffers, which
+        follow the stages and which that merge does not use): (offset of the LSEs, bytes
+        in all)."""
         k = self.cluster
-        if self.cluster_merge_spread:
-            return k * self.spread_chunk_bytes, 2 * k * self.spread_chunk_bytes
-        o = (k - 1) * max(self.cluster_rows_per_rank, 8) * CONTENT_DIM * 4
-        return o, o + (k - 1) * L.M_TILE * 4
-
-    @property
-    def spread_chunk_bytes(self) -> int:
-        """One rank's share of another rank's owned rows in the spread merge: their o/ℓ (fp32)
-        and their LSEs, padded to 16 bytes (a bulk copy's unit)."""
-        R = self.cluster_rows_per_rank
-        return R * CONTENT_DIM * 4 + -(-R * 4 // 16) * 16
+        slots = k if self.cluster_merge_spread else k - 1
+        o = slots * max(self.cluster_rows_per_rank, 8) * CONTENT_DIM * 4
+        return o, o + slots * L.M_TILE * 4
 
     @property
     def box_rows(self) -> int:

@@ -174,45 +174,63 @@ class Epilogue:
         if cutlass.const_expr(cfg.trace):
             if wg_tidx == 0:
                 self.tracer.stamp("count_seen", wg)  # here: every peer's stages free
+        # send the rows other ranks own: slot = my index among the owner's peers
+        for i in cutlass.range_constexpr(rows_per_thr):
+            row = c_o_mn[i, 0][0]
+            owner = row // rows_per_rank
+            if cutlass.const_expr(span < L.M_TILE):
+                if row >= span:
+                    owner = rank
+            if owner != rank:
+                slot = rank
+                if rank > owner:
+                    slot = rank - 1
+                pidx = self.owned_slab(row, owner)
+                base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
+                rbase = ptx.mapa(base, owner)
+                # fewer rows than the tile (8-32 heads, one tile): the rows past them are
+                # never written, so they are not sent (at h8 that is 56 of 64); the owner
+                # merges whatever its stage holds there and drops it
+                send = True
+                if cutlass.const_expr(cfg.rows < L.M_TILE):
+                    send = row < cfg.rows
+                if send:
+                    for v in cutlass.range_constexpr(vecs):
+                        h = 4 * v // vals
+                        j = 4 * v % vals
+                        ptx.st_cluster_v4(
+                            rbase + v * 512, acc_o_mn[h][i, j] * inv[i], acc_o_mn[h][i, j + 1] * inv[i],
+                            acc_o_mn[h][i, j + 2] * inv[i], acc_o_mn[h][i, j + 3] * inv[i],
+                        )
+                    if wg == 0 and lane % 4 == 0:
+                        ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
+                                           lse[i])
+                exchange.rows_sent(owner)
+        exchange.wait_rows()
+        if cutlass.const_expr(cfg.trace):
+            if wg_tidx == 0:
+                self.tracer.stamp("merged", wg)  # here: every peer's rows arrived
         if cutlass.const_expr(cfg.cluster_merge_spread):
-            self.spread_merge(acc_o_mn, c_o_mn, inv, lse, m_tile, req, wg, wg_tidx, kv_addr, rank, exchange)
-        else:
-            # send the rows other ranks own: slot = my index among the owner's peers
+            # this rank's own rows into the last slot, once the peers' have arrived (with the
+            # accumulator dead before the wait, ptxas spilled it in finish_blocks)
+            s_own = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
+                                     cute.make_layout((cfg.cluster_recv_bytes[1] // 4,)))
             for i in cutlass.range_constexpr(rows_per_thr):
                 row = c_o_mn[i, 0][0]
-                owner = row // rows_per_rank
-                if cutlass.const_expr(span < L.M_TILE):
-                    if row >= span:
-                        owner = rank
-                if owner != rank:
-                    slot = rank
-                    if rank > owner:
-                        slot = rank - 1
-                    pidx = self.owned_slab(row, owner)
-                    base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
-                    rbase = ptx.mapa(base, owner)
-                    # fewer rows than the tile (8-32 heads, one tile): the rows past them are
-                    # never written, so they are not sent (at h8 that is 56 of 64); the owner
-                    # merges whatever its stage holds there and drops it
-                    send = True
-                    if cutlass.const_expr(cfg.rows < L.M_TILE):
-                        send = row < cfg.rows
-                    if send:
-                        for v in cutlass.range_constexpr(vecs):
-                            h = 4 * v // vals
-                            j = 4 * v % vals
-                            ptx.st_cluster_v4(
-                                rbase + v * 512, acc_o_mn[h][i, j] * inv[i], acc_o_mn[h][i, j + 1] * inv[i],
-                                acc_o_mn[h][i, j + 2] * inv[i], acc_o_mn[h][i, j + 3] * inv[i],
-                            )
-                        if wg == 0 and lane % 4 == 0:
-                            ptx.st_cluster_f32(ptx.mapa(kv_addr + lse_off + (slot * L.M_TILE + row) * 4, owner),
-                                               lse[i])
-                    exchange.rows_sent(owner)
-            exchange.wait_rows()
-            if cutlass.const_expr(cfg.trace):
-                if wg_tidx == 0:
-                    self.tracer.stamp("merged", wg)  # here: every peer's rows arrived
+                if row // rows_per_rank == rank:
+                    pidx = self.owned_slab(row, rank)
+                    base = (((k - 1) * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
+                    for v in cutlass.range_constexpr(vecs):
+                        h = 4 * v // vals
+                        j = 4 * v % vals
+                        x = cute.make_rmem_tensor((4,), Float32)
+                        for e in cutlass.range_constexpr(4):
+                            x[e] = acc_o_mn[h][i, j + e] * inv[i]
+                        cute.autovec_copy(x, cute.local_tile(s_own, (4,), ((base + v * 512) // 16,)))
+                    if wg == 0 and lane % 4 == 0:
+                        s_own[lse_off // 4 + (k - 1) * L.M_TILE + row] = lse[i]
+            self.spread_merge(rank, m_tile, req, wg * roles.THREADS_PER_WG + wg_tidx, kv_addr)
+        else:
             # merge the rows this rank owns, in the accumulator's registers
             recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
                                     cute.make_layout((lse_off // 4 + (k - 1) * L.M_TILE,)))
@@ -263,62 +281,27 @@ class Epilogue:
             self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
 
     @cute.jit
-    def spread_merge(self, acc_o_mn: list, c_o_mn: cute.Tensor, inv: cute.Tensor, lse: cute.Tensor, m_tile: Int32,
-                     req: Int32, wg: Int32, wg_tidx: Int32, kv_addr: Int32, rank: Int32, exchange: ClusterExchange):
-        """The cluster merge where the ranks own only live rows (``cluster_merge_spread``):
-        rank d owns rows [R·d, R·(d+1)), R = ``cluster_rows_per_rank``, held by a few threads
-        (16 of 256 at 16 heads and k = 8). The holders stage each row's o/ℓ and LSE in the
-        chunk of its owner (``spread_chunk_bytes``; its own rows straight into its receive
-        slot), one thread copies each peer's chunk into the peer's slot for this rank by a
-        bulk copy (the async proxy moves it, no thread waits on remote stores), and once all
-        have arrived every consumer thread merges 16 bytes of an owned row at a time: its k
-        slots' values and LSEs loaded at once, weighted by exp(lse_q - lse), summed and
-        stored as bf16 (two column pairs); each row's LSE once. A chunk keeps the
-        accumulator's order: vector v of quad-lane c of a WG's row o at
-        (((wg·16 + v)·R + o)·4 + c)·16, the LSEs after the R rows."""
+    def spread_merge(self, rank: Int32, m_tile: Int32, req: Int32, ctid: Int32, kv_addr: Int32):
+        """The cluster merge where the ranks own only live rows (``cluster_merge_spread``), by
+        all 256 consumer threads, where the holders of a rank's rows are a few (at 16 heads
+        and k = 8, 16 threads): each thread takes 16 bytes of an owned row at a time, loads
+        it from the k slots (the peers', then this rank's) and their LSEs all at once,
+        weights them by exp(lse_q - lse), sums them and stores bf16 (two column pairs); and
+        each row's LSE. Items follow the slabs' order (``cluster_epilogue``): vector v of
+        quad-lane c of a WG's row o at ((wg·blocks8 + o/8)·16 + v)·512 + (4·(row mod 8) + c)·16."""
         cfg = self.cfg
         io, pv_mma_rs = self.io, self.pv_mma
         k = cfg.cluster
         R = cfg.cluster_rows_per_rank
-        rows_per_thr = cute.size(c_o_mn, mode=[0])
-        vals = cute.size(c_o_mn, mode=[1])  # per row and PV split
-        vecs = PV_SPLITS * vals // 4  # 16-byte vectors per quad-lane of a row
-        chunk = cfg.spread_chunk_bytes
-        staged, total = cfg.cluster_recv_bytes
-        lse_at = R * CONTENT_DIM * 4  # within a chunk
-        lane = wg_tidx % 32
-        ctid = wg * roles.THREADS_PER_WG + wg_tidx
-        buf = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
-                               cute.make_layout((total // 4,)))
+        vecs = CONTENT_DIM // roles.NUM_CONSUMER_WGS // 16  # 16-byte vectors per quad-lane of a row
+        vals = 4 * vecs // PV_SPLITS  # accumulator values per row, PV split and quad-lane
+        blocks8 = max(R // 8, 1)
+        slot_floats = roles.NUM_CONSUMER_WGS * blocks8 * vecs * 128
+        lse_off, total = cfg.cluster_recv_bytes
+        recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
+                                cute.make_layout((total // 4,)))
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
-        for i in cutlass.range_constexpr(rows_per_thr):
-            row = c_o_mn[i, 0][0]
-            if row < R * k:  # warps past the live rows hold none
-                owner = row // R
-                dst = staged + owner * chunk
-                if owner == rank:
-                    dst = rank * chunk
-                base = dst + ((wg * vecs * R) + row % R) * 64 + (lane % 4) * 16
-                for v in cutlass.range_constexpr(vecs):
-                    h = 4 * v // vals
-                    j = 4 * v % vals
-                    x = cute.make_rmem_tensor((4,), Float32)
-                    for e in cutlass.range_constexpr(4):
-                        x[e] = acc_o_mn[h][i, j + e] * inv[i]
-                    cute.autovec_copy(x, cute.local_tile(buf, (4,), ((base + v * R * 64) // 16,)))
-                if wg == 0 and lane % 4 == 0:
-                    buf[(dst + lse_at) // 4 + row % R] = lse[i]
-        ptx.fence_proxy_async_smem()  # the staged chunks, before the bulk copies read them
-        pair.arrive_and_wait()
-        if ctid == 0:
-            exchange.expect_rows(Int32((k - 1) * chunk))
-            for d in cutlass.range_constexpr(k):
-                if d != rank:
-                    exchange.copy_rows(kv_addr + rank * chunk, kv_addr + staged + d * chunk, Int32(chunk), Int32(d))
-        exchange.wait_rows()
-        if cutlass.const_expr(cfg.trace):
-            if wg_tidx == 0:
-                self.tracer.stamp("merged", wg)  # here: every peer's rows arrived
+        pair.arrive_and_wait()  # this rank's own slot is written
         items = roles.NUM_CONSUMER_WGS * vecs * R * 4
         for it in cutlass.range(ctid, items, roles.PAIR_THREADS, unroll=1):
             c = it % 4
@@ -326,11 +309,12 @@ class Epilogue:
             v = it // (4 * R) % vecs
             w = it // (4 * R * vecs)
             row = rank * R + o
+            off = ((w * blocks8 + o // 8) * vecs + v) * 128 + (4 * (row % 8) + c) * 4
             lq = cute.make_rmem_tensor((k,), Float32)
             x = [cute.make_rmem_tensor((4,), Float32) for _ in range(k)]
             for q in cutlass.range_constexpr(k):
-                lq[q] = buf[(q * chunk + lse_at) // 4 + o]
-                cute.autovec_copy(cute.local_tile(buf, (4,), ((q * chunk) // 16 + it,)), x[q])
+                lq[q] = recv[lse_off // 4 + q * L.M_TILE + row]
+                cute.autovec_copy(cute.local_tile(recv, (4,), ((q * slot_floats + off) // 4,)), x[q])
             m = lq[0]
             for q in cutlass.range_constexpr(1, k):
                 m = cutlass.max(m, lq[q])

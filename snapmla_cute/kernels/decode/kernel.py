@@ -246,8 +246,7 @@ class DecodeKernel:
         if cutlass.const_expr(cfg.transposer):
             handshake.init(tidx)
         if cutlass.const_expr(cfg.cluster > 1):
-            ClusterExchange.init(storage.cl_mbar.data_ptr(), cfg.cluster, cfg.cluster_rows_per_rank * cfg.cluster, tidx,
-                                 cfg.cluster_merge_spread)
+            ClusterExchange.init(storage.cl_mbar.data_ptr(), cfg.cluster, cfg.cluster_rows_per_rank * cfg.cluster, tidx)
         cute.arch.mbarrier_init_fence()
         if tidx == 0:
             # the epilogue derives storage.epi's address from kv's (one register less)
