@@ -55,6 +55,7 @@ INV_FP8_MAX = 1.0 / FP8_MAX
 EPI_ROWS = 8
 EPI_ROW_BYTES = 128
 EPI_BYTES = EPI_ROWS * EPI_ROW_BYTES
+EPI_BUFFER_BYTES = roles.NUM_CONSUMER_WGS * 4 * EPI_BYTES  # one per consumer warp (``storage.epi``)
 # the whole-request plan's constants (``DecodeConfig.scheduler``), fitted on the H100: a
 # 64-row split's partial traffic in KV blocks, and the CTAs that stream at full rate
 SPLIT_UNITS_PER_TILE = 6

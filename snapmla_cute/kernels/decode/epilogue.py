@@ -19,7 +19,6 @@ from cutlass import BFloat16, Float16, Float32, Int32
 import cutlass.pipeline as pipeline
 
 from snapmla_cute import ptx
-from snapmla_cute.format import CONTENT_DIM
 from snapmla_cute.kernels.decode.args import DecodeOutputs
 from snapmla_cute.kernels.decode.config import (
     EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS, DecodeConfig,
@@ -213,8 +212,8 @@ class Epilogue:
         if cutlass.const_expr(cfg.cluster_merge_spread):
             # this rank's own rows into the last slot, once the peers' have arrived (with the
             # accumulator dead before the wait, ptxas spilled it in finish_blocks)
-            s_own = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
-                                     cute.make_layout((cfg.cluster_recv_bytes[1] // 4,)))
+            recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
+                                    cute.make_layout((cfg.cluster_recv_bytes[1] // 4,)))
             for i in cutlass.range_constexpr(rows_per_thr):
                 row = c_o_mn[i, 0][0]
                 if row // rows_per_rank == rank:
@@ -226,10 +225,10 @@ class Epilogue:
                         x = cute.make_rmem_tensor((4,), Float32)
                         for e in cutlass.range_constexpr(4):
                             x[e] = acc_o_mn[h][i, j + e] * inv[i]
-                        cute.autovec_copy(x, cute.local_tile(s_own, (4,), ((base + v * 512) // 16,)))
+                        cute.autovec_copy(x, cute.local_tile(recv, (4,), ((base + v * 512) // 16,)))
                     if wg == 0 and lane % 4 == 0:
-                        s_own[lse_off // 4 + (k - 1) * L.M_TILE + row] = lse[i]
-            self.spread_merge(rank, m_tile, req, wg * roles.THREADS_PER_WG + wg_tidx, kv_addr)
+                        recv[lse_off // 4 + (k - 1) * L.M_TILE + row] = lse[i]
+            self.spread_merge(recv, vals, rank, m_tile, req, wg * roles.THREADS_PER_WG + wg_tidx)
         else:
             # merge the rows this rank owns, in the accumulator's registers
             recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
@@ -281,25 +280,25 @@ class Epilogue:
             self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
 
     @cute.jit
-    def spread_merge(self, rank: Int32, m_tile: Int32, req: Int32, ctid: Int32, kv_addr: Int32):
+    def spread_merge(self, recv: cute.Tensor, vals: cutlass.Constexpr, rank: Int32, m_tile: Int32, req: Int32,
+                     ctid: Int32):
         """The cluster merge where the ranks own only live rows (``cluster_merge_spread``), by
         all 256 consumer threads, where the holders of a rank's rows are a few (at 16 heads
         and k = 8, 16 threads): each thread takes 16 bytes of an owned row at a time, loads
         it from the k slots (the peers', then this rank's) and their LSEs all at once,
         weights them by exp(lse_q - lse), sums them and stores bf16 (two column pairs); and
-        each row's LSE. Items follow the slabs' order (``cluster_epilogue``): vector v of
-        quad-lane c of a WG's row o at ((wg·blocks8 + o/8)·16 + v)·512 + (4·(row mod 8) + c)·16."""
+        each row's LSE. ``recv``: the merge buffer (``cluster_recv_bytes``, fp32); ``vals``:
+        the accumulator's values per row, PV split and quad-lane. Items follow the slabs'
+        order (``cluster_epilogue``): vector v of quad-lane c of a WG's row o at
+        ((wg·blocks8 + o/8)·16 + v)·512 + (4·(row mod 8) + c)·16."""
         cfg = self.cfg
         io, pv_mma_rs = self.io, self.pv_mma
         k = cfg.cluster
         R = cfg.cluster_rows_per_rank
-        vecs = CONTENT_DIM // roles.NUM_CONSUMER_WGS // 16  # 16-byte vectors per quad-lane of a row
-        vals = 4 * vecs // PV_SPLITS  # accumulator values per row, PV split and quad-lane
+        vecs = PV_SPLITS * vals // 4  # 16-byte vectors per quad-lane of a row
         blocks8 = max(R // 8, 1)
         slot_floats = roles.NUM_CONSUMER_WGS * blocks8 * vecs * 128
-        lse_off, total = cfg.cluster_recv_bytes
-        recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
-                                cute.make_layout((total // 4,)))
+        lse_off, _ = cfg.cluster_recv_bytes
         pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
         pair.arrive_and_wait()  # this rank's own slot is written
         items = roles.NUM_CONSUMER_WGS * vecs * R * 4

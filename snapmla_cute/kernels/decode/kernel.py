@@ -26,7 +26,7 @@ from snapmla_cute.kernels.decode.args import (
     ConsumerSync, DecodeInputs, DecodeMmas, DecodeOutputs, SmemLayouts, TmaLoads,
 )
 from snapmla_cute.kernels.decode.config import (
-    CLUSTER_SIZES, EPI_BYTES, FP8, MERGE_BATCH, Q_SPLIT_KV_STAGES, SM90_SMEM_BYTES, DecodeConfig,
+    CLUSTER_SIZES, EPI_BUFFER_BYTES, FP8, MERGE_BATCH, Q_SPLIT_KV_STAGES, SM90_SMEM_BYTES, DecodeConfig,
 )
 from snapmla_cute.kernels.decode.consumer import Consumer
 from snapmla_cute.kernels.decode.epilogue import Epilogue
@@ -160,7 +160,7 @@ class DecodeKernel:
             raise ValueError(f"decode: shared storage {SharedStorage.size_in_bytes()} B, at most {SM90_SMEM_BYTES} B")
         # the epilogue's staging buffers follow the stages; the spread merge, which does not
         # stage its stores, may use them too
-        merge_room = self.kv_smem_bytes + (roles.NUM_CONSUMER_WGS * 4 * EPI_BYTES if cfg.cluster_merge_spread else 0)
+        merge_room = self.kv_smem_bytes + (EPI_BUFFER_BYTES if cfg.cluster_merge_spread else 0)
         if cutlass.const_expr(cfg.cluster_recv_bytes[1] > merge_room):
             raise ValueError(f"decode: the cluster merge of {cfg.cluster} needs {cfg.cluster_recv_bytes[1]} B of KV "
                              f"stages, {cfg.kv_stages} stages have {merge_room} B")

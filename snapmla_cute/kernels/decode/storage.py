@@ -14,9 +14,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
-from snapmla_cute.kernels.decode.config import EPI_BYTES, FP8, PLAN_WORDS
+from snapmla_cute.kernels.decode.config import EPI_BUFFER_BYTES, FP8, PLAN_WORDS
 from snapmla_cute.layouts import smem as L
-from snapmla_cute.pipelines import roles
 
 
 def shared_storage(cfg, threads: int, scale_stride: int, n_scale: int, q_nope_sl, q_rope_sl, kv_sl, kr_sl, p_sl):
@@ -43,7 +42,7 @@ def shared_storage(cfg, threads: int, scale_stride: int, n_scale: int, q_nope_sl
         q_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_rope_sl)], 1024]
         kv: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(kv_sl)], 1024]
         # right after kv: its address is kv's + kv_smem_bytes (the epilogue computes it)
-        epi: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, roles.NUM_CONSUMER_WGS * 4 * EPI_BYTES], 128]
+        epi: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, EPI_BUFFER_BYTES], 128]
         k_rope: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kr_sl)], 1024]
         p: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(p_sl)], 1024]
 
