@@ -8,7 +8,8 @@ captured with it would replay them. ``--no-evict-first``: every call without L2'
 evict-first hint on the KV loads (``DecodeConfig.kv_evict_first``; the head-group steps
 keep it although each block has g readers).
 
-    python3 profiles/experiments/head_groups.py [--heads 128 64] [--lengths 640 1024] [--replay] [--no-evict-first]
+    python3 profiles/experiments/head_groups.py [--heads 128 64] [--batches 1 2 3 4] [--lengths 640 1024] [--replay]
+        [--no-evict-first]
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def _warm_one(item):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     ap.add_argument("--replay", action="store_true")
     ap.add_argument("--no-evict-first", action="store_true")
@@ -65,7 +67,7 @@ def main():
 
     from snapmla_cute.tuning import DECODE_TUNING
 
-    items = sorted({(h, h // 16, k) for h in args.heads for b in BATCHES for k in ks(b, h // 16)}
+    items = sorted({(h, h // 16, k) for h in args.heads for b in args.batches for k in ks(b, h // 16)}
                    | {(h, 1, k) for h in args.heads for k in (1, 2)})
     with ProcessPoolExecutor(max_workers=12, mp_context=multiprocessing.get_context("spawn")) as pool:
         for it in pool.map(_warm_one, [(*it, tuning) for it in items]):
@@ -84,7 +86,7 @@ def main():
     rows = []
     for h in args.heads:
         g = h // 16
-        for b in BATCHES:
+        for b in args.batches:
             for L in args.lengths:
                 c = decode_case(b, h, 1, [L] * b, 64, False)
                 plain = decode_metadata(c.seqlens, s_q=1, heads=h, head_groups=1)
@@ -106,7 +108,7 @@ def main():
     if args.replay:  # the default choice at 640 tokens, replayed at longer lengths
         rep = []
         for h in args.heads:
-            for b in BATCHES:
+            for b in args.batches:
                 for L in (640, 2048, 4096, 8192, 32768):
                     c = decode_case(b, h, 1, [L] * b, 64, False)
                     md = decode_metadata(c.seqlens, s_q=1, heads=h, max_seqlen=640)
