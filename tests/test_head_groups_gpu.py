@@ -39,7 +39,7 @@ def _check(c, out, lse, refs=None):
 
 @pytest.mark.parametrize("b, h, k, page_size", [(1, 128, 8, 64), (1, 128, 4, 16), (2, 128, 4, 128), (3, 128, 2, 64),
                                                 (4, 128, 2, 32), (2, 128, 1, 64), (2, 64, 8, 64), (4, 64, 4, 64),
-                                                (5, 128, 1, 64)])
+                                                (8, 64, 2, 64), (5, 128, 1, 64)])
 def test_head_groups_match_the_references(seed, b, h, k, page_size):
     """Lengths 0, 1, a partial block and longer (the kernel re-plans the groups' work at any
     length: whole, cluster or split plans on the same parts); three calls with poisoned
@@ -135,12 +135,12 @@ def test_head_groups_replayed_in_a_graph_with_new_lengths(seed):
 
 def test_default_head_groups_where_measured():
     """``decode_metadata``'s own choice, made from a stated ``max_seqlen`` (no read of the
-    lengths, so under capture too): 64 and 128 heads, one query token, batches 1-4, short
-    lengths; not without ``max_seqlen``, at longer ones, batch 8, s_q 2, 32 heads, nor when
-    parts or clusters are given."""
+    lengths, so under capture too): 128 heads at batches 1-4 and 64 at 1-8, one query token,
+    short lengths; not without ``max_seqlen``, at longer ones, 128 heads at batch 8, s_q 2,
+    32 heads, nor when parts or clusters are given."""
     _need_clusters()
     lens = lambda b, L: torch.full((b,), L, dtype=torch.int32, device="cuda")  # noqa: E731
-    for b, h, k in ((1, 128, 8), (2, 128, 4), (3, 128, 2), (4, 128, 2), (4, 64, 4)):
+    for b, h, k in ((1, 128, 8), (2, 128, 4), (3, 128, 2), (4, 128, 2), (4, 64, 4), (8, 64, 2)):
         md = decode_metadata(lens(b, 640), s_q=1, heads=h, max_seqlen=640)
         assert (md.head_groups, md.cluster, md.num_parts) == (h // 16, k, b * h // 16 * k)
         assert default_head_groups(b, 1, h, 640) == (h // 16, k)

@@ -298,12 +298,16 @@ def test_cluster_rule_picks_the_faster_plan(b, length, heads, sparse, parts, clu
 
 def test_default_head_groups():
     """The head-group plan where it was measured faster: 64 or 128 heads as requests of 16
-    on 64 CTAs (k a cluster), one query token, batches 1-4, a stated ``max_seqlen`` up to
-    1024 with at most 5 KV blocks a CTA, devices whose cluster launches were measured."""
+    on 64 CTAs (k a cluster), one query token, batches 1-4 (128 heads) or 1-8 (64), a stated
+    ``max_seqlen`` up to 1024 with at most 5 KV blocks a CTA, devices whose cluster launches
+    were measured."""
     from snapmla_cute.planning import default_head_groups, head_group_cluster
 
     assert [default_head_groups(b, 1, 128, 640) for b in (1, 2, 3, 4, 5)] == [(8, 8), (8, 4), (8, 2), (8, 2), (1, 1)]
     assert [default_head_groups(b, 1, 64, 1024) for b in (1, 2, 3, 4)] == [(4, 8), (4, 8), (4, 4), (4, 4)]
+    assert [default_head_groups(b, 1, 64, 640) for b in (5, 6, 7, 8, 9)] == [(4, 2)] * 4 + [(1, 1)]
+    assert [default_head_groups(b, 1, 128, 640) for b in (6, 8)] == [(1, 1)] * 2  # 64 CTAs: k = 1
+    assert default_head_groups(8, 1, 64, 1024) == (1, 1)  # 8 blocks a CTA: 19.3 against 17.9 µs
     assert default_head_groups(4, 1, 128, 1024) == (1, 1)  # 8 blocks a CTA: 18.9 against 16.8 µs
     assert default_head_groups(2, 1, 128, 1024) == (8, 4)
     assert default_head_groups(1, 1, 128, 1025) == (1, 1)
