@@ -176,7 +176,7 @@ class Epilogue:
         # send the rows other ranks own: slot = my index among the owner's peers
         for i in cutlass.range_constexpr(rows_per_thr):
             row = c_o_mn[i, 0][0]
-            owner = row // rows_per_rank
+            owner = self.owner(row)
             if cutlass.const_expr(span < L.M_TILE):
                 if row >= span:
                     owner = rank
@@ -216,7 +216,7 @@ class Epilogue:
                                     cute.make_layout((cfg.cluster_recv_bytes[1] // 4,)))
             for i in cutlass.range_constexpr(rows_per_thr):
                 row = c_o_mn[i, 0][0]
-                if row // rows_per_rank == rank:
+                if self.owner(row) == rank:
                     pidx = self.owned_slab(row, rank)
                     base = (((k - 1) * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
                     for v in cutlass.range_constexpr(vecs):
@@ -237,7 +237,7 @@ class Epilogue:
             for i in cutlass.range_constexpr(rows_per_thr):
                 row = c_o_mn[i, 0][0]
                 one[i] = Float32(0.0)
-                if row // rows_per_rank == rank:
+                if self.owner(row) == rank:
                     one[i] = Float32(1.0)
                     pidx = self.owned_slab(row, rank)
                     m = lse[i]
@@ -348,6 +348,12 @@ class Epilogue:
                         col = col0 + c_q_mn[0, 4 * v % vals + e][1]
                         cute.autovec_copy(pr, cute.local_tile(io.out[grow, None, req], (2,), (col // 2,)))
 
+    def owner(self, row):
+        """The cluster rank that owns a tile row in the cluster merge: rank d owns rows [R·d,
+        R·(d+1)), R = ``cluster_rows_per_rank`` (the rows past R·k none owns; the sender keeps
+        them)."""
+        return row // self.cfg.cluster_rows_per_rank
+
     def owned_slab(self, row, owner):
         """Which of ``owner``'s 8-row slabs in the cluster merge's buffer holds ``row`` (one slab
         where a rank owns 1-4 rows)."""
@@ -417,7 +423,7 @@ class Epilogue:
                             owned = row0
                             if cutlass.const_expr(cfg.cluster_rows_per_rank != L.M_TILE // cfg.cluster):
                                 owned = row0 + lr
-                            if (row0 + lr < cfg.rows and (owned % L.M_TILE) // cfg.cluster_rows_per_rank == owner_rank
+                            if (row0 + lr < cfg.rows and self.owner(owned % L.M_TILE) == owner_rank
                                     and not cutlass.const_expr("store" in cfg.skip)):
                                 cute.autovec_copy(
                                     v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))
