@@ -228,8 +228,8 @@ def decode_metadata(
 # measured faster than the plain plans (H100, graph replay, ``profiles/NOTES.md``, "Small
 # batches: the head-group plan"): batches 1-4 at 64 and 128 heads and 5-8 at 64 heads (at 128
 # the 64 CTAs leave k = 1 past batch 4), up to 1024 tokens, a CTA's share at most 5 KV blocks
-# (b4 h128 s_k1024 at 8 blocks a CTA: 18.9 against 16.8 µs; b8 h64 s_k640 at 5: 15.0
-# against 17.2).
+# (b4 h128 s_k1024 at 8 blocks a CTA: 18.9 against 16.8 µs; b8 h64 s_k640 at 5: 14.8
+# against 17.1).
 HEAD_GROUP_HEADS = 16
 HEAD_GROUP_PARTS = 64
 HEAD_GROUP_MIN_HEADS = 64
