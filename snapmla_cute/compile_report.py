@@ -77,8 +77,10 @@ def all_variants(full: bool = True) -> list[tuple]:
     out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(DecodeConfig(h, 1, 64, False, cluster=2))) for h in (64, 128)]
     # the head-group plan of small batches (128 or 64 heads as groups of 16, a cluster of k
     # each): every (g, k) default_head_groups picks, the bf16-query step, the accurate mode's
+    from snapmla_cute.planning import head_group_steps
+
     out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(DecodeConfig(16, 1, 64, False, cluster=k), g))
-            for g, k in ((8, 2), (8, 4), (8, 8), (4, 2), (4, 4), (4, 8))]
+            for g, k in head_group_steps()]
     out += [(dc.STEP_Q_NAME, dc.compile_step_q, DecodeStepConfig(DecodeConfig(16, 1, 64, False, cluster=8), 8))]
     # what mla_decode_sparse launches, at every head count (the call's s_q changes only views)
     out += [(dc.SPARSE_NAME, dc.compile_sparse, c) for c in sparse_variants()]

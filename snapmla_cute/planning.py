@@ -256,6 +256,15 @@ def default_head_groups(batch: int, s_q: int, heads: int, max_seqlen: int, num_s
     return g, k
 
 
+def head_group_steps(num_sms: int = 132) -> list[tuple[int, int]]:
+    """Every ``(head groups, parts per cluster)`` that ``default_head_groups`` picks on a
+    ``num_sms`` device (the steps to compile ahead), 128 heads first, by batch. At one token
+    a CTA takes one block, so only the heads and the batch decide."""
+    picks = [default_head_groups(b, 1, h, 1, num_sms) for h in sorted(HEADS, reverse=True)
+             for b in range(1, HEAD_GROUP_MAX_BATCH + 1)]
+    return list(dict.fromkeys(p for p in picks if p != (1, 1)))
+
+
 def head_group_cluster(batch: int, head_groups: int) -> int:
     """Parts per cluster of the head-group plan: the largest of 2, 4, 8 that keeps b·g·k
     within ``HEAD_GROUP_PARTS``, else 1 (b·g·k then b·g)."""

@@ -301,7 +301,7 @@ def test_default_head_groups():
     on 64 CTAs (k a cluster), one query token, batches 1-4 (128 heads) or 1-8 (64), a stated
     ``max_seqlen`` up to 1024 with at most 5 KV blocks a CTA, devices whose cluster launches
     were measured."""
-    from snapmla_cute.planning import default_head_groups, head_group_cluster
+    from snapmla_cute.planning import default_head_groups, head_group_cluster, head_group_steps
 
     assert [default_head_groups(b, 1, 128, 640) for b in (1, 2, 3, 4, 5)] == [(8, 8), (8, 4), (8, 2), (8, 2), (1, 1)]
     assert [default_head_groups(b, 1, 64, 1024) for b in (1, 2, 3, 4)] == [(4, 8), (4, 8), (4, 4), (4, 4)]
@@ -315,6 +315,8 @@ def test_default_head_groups():
     assert default_head_groups(1, 2, 128, 640) == (1, 1)  # s_q 2
     assert default_head_groups(1, 1, 32, 640) == (1, 1)
     assert default_head_groups(1, 1, 128, 640, num_sms=114) == (1, 1)
+    assert head_group_steps() == [(8, 8), (8, 4), (8, 2), (4, 8), (4, 4), (4, 2)]  # CI compiles these
+    assert head_group_steps(num_sms=114) == []
     assert [head_group_cluster(b, 8) for b in (1, 2, 3, 4, 8, 9)] == [8, 4, 2, 2, 1, 1]
     assert head_group_cluster(3, 4) == 4
 
