@@ -121,10 +121,6 @@ class DecodeConfig:
     # with a per-row scale and merges with a thread per row and all its splits' loads
     # issued together (Merger.few_split_lse); more splits, or 0: fp32, the general merge
     merge_few: int = 8
-    # every split request writes f16 partials (``partial_views``); past ``merge_few`` splits
-    # the general merge reads them, the scale folded into each split's weight. False: fp32
-    # past merge_few
-    partials_f16: bool = False
     # P published with two stmatrix.x4 per thread and block (the A-fragment words are
     # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
     p_stsm: bool = True

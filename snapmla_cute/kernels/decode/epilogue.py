@@ -21,7 +21,7 @@ import cutlass.pipeline as pipeline
 from snapmla_cute import ptx
 from snapmla_cute.kernels.decode.args import DecodeOutputs
 from snapmla_cute.kernels.decode.config import (
-    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_MAX_SPLITS, MERGE_WAIT_LIMIT_NS, PV_SPLITS, DecodeConfig,
+    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS, DecodeConfig,
 )
 from snapmla_cute.kernels.decode.softmax import tree
 from snapmla_cute.kernels.decode.trace import Tracer
@@ -83,7 +83,7 @@ class Epilogue:
         buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES  # storage.epi (checked at launch)
         if n_splits == 1:
             self.store_tile(acc_o_mn, c_o_mn, inv, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf)
-        elif n_splits <= (MERGE_MAX_SPLITS if cfg.partials_f16 else cfg.merge_few):
+        elif n_splits <= cfg.merge_few:
             # few splits (many requests: the partials' traffic counts) as f16, each row
             # normalized by a power of two (its largest |value| to [2^14, 2^15)) with 1/f
             # kept beside it: half fp32's bytes, f16's 11 bits against e4m3's 4 in V, and

@@ -114,8 +114,6 @@ class Merger:
                         self.few_split_lse(
                             m_tile, req, r0 + ctid, ctid, first, n_splits, m_lse, m_lse_partial, m_scales, s_w, s_lse
                         )
-            if cutlass.const_expr(cfg.partials_f16):
-                _, f16_scales = io.partial_views(req)
             for lr in cutlass.range(warp, warp_rows, roles.PAIR_THREADS // 32, unroll=1):
                 row = m_tile * L.M_TILE + r0 + lr
                 lse_max = -Float32.inf
@@ -136,8 +134,6 @@ class Merger:
                     w = Float32(0.0)
                     if lse != -Float32.inf:
                         w = cute.math.exp(s_w[lr, sp] - lse)
-                    if cutlass.const_expr(cfg.partials_f16):
-                        w = w * f16_scales[row, first + sp]  # the f16 partial's 1/f
                     s_w[lr, sp] = w
                 if lane == 0:
                     s_lse[lr] = lse
@@ -189,13 +185,8 @@ class Merger:
                 if lse != -Float32.inf:
                     # MERGE_BATCH splits' loads issued together (predicated), then added in
                     # split order: as a plain loop, ptxas waited for each load in turn
-                    # f16 partials (``partials_f16``): their scales are in the weights
-                    part_t, part_view = Float32, m_o_partial
-                    if cutlass.const_expr(cfg.partials_f16):
-                        part_t = Float16
-                        part_view, _ = io.partial_views(req)
                     for sp0 in cutlass.range(g, n_splits, G * MERGE_BATCH, unroll=1):
-                        src = [cute.make_rmem_tensor((8,), part_t) for _ in range(MERGE_BATCH)]
+                        src = [cute.make_rmem_tensor((8,), Float32) for _ in range(MERGE_BATCH)]
                         ws = cute.make_rmem_tensor((MERGE_BATCH,), Float32)
                         for u in cutlass.range_constexpr(MERGE_BATCH):
                             sp = sp0 + u * G
@@ -203,12 +194,9 @@ class Merger:
                             ws[u] = 0.0
                             if sp < n_splits:
                                 ws[u] = s_w[lr, sp]
-                                cute.autovec_copy(cute.local_tile(part_view[row, None, first + sp], (8,), (d // 8,)), src[u])
+                                cute.autovec_copy(cute.local_tile(m_o_partial[row, None, first + sp], (8,), (d // 8,)), src[u])
                         for u in cutlass.range_constexpr(MERGE_BATCH):
-                            v = src[u].load()
-                            if cutlass.const_expr(cfg.partials_f16):
-                                v = v.to(Float32)
-                            acc.store(acc.load() + v * ws[u])
+                            acc.store(acc.load() + src[u].load() * ws[u])
                 if G == 1:
                     res = cute.make_rmem_tensor((8,), BFloat16)
                     res.store(acc.load().to(BFloat16))
