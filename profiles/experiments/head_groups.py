@@ -6,11 +6,10 @@ against the plain call's (rel-L2). ``--replay``: the metadata made at 640 tokens
 default choice for ``max_seqlen=640``) and the call timed at longer lengths, as a graph
 captured with it would replay them. ``--no-evict-first``: every call without L2's
 evict-first hint on the KV loads (``DecodeConfig.kv_evict_first``; the head-group steps
-keep it although each block has g readers). ``--no-table-prefetch``: without the block-table
-entries loaded beside the plan's (``DecodeConfig.cluster_table_prefetch``).
+keep it although each block has g readers).
 
     python3 profiles/experiments/head_groups.py [--heads 128 64] [--batches 1 2 3 4] [--lengths 640 1024] [--replay]
-        [--no-evict-first] [--no-table-prefetch]
+        [--no-evict-first]
 """
 
 from __future__ import annotations
@@ -55,11 +54,8 @@ def main():
     ap.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     ap.add_argument("--replay", action="store_true")
     ap.add_argument("--no-evict-first", action="store_true")
-    ap.add_argument("--no-table-prefetch", action="store_true")
     args = ap.parse_args()
     tuning = {"kv_evict_first": False} if args.no_evict_first else {}
-    if args.no_table_prefetch:
-        tuning["cluster_table_prefetch"] = False
 
     import torch
     from tabulate import tabulate

@@ -131,10 +131,6 @@ class DecodeConfig:
     # first where at most two CTAs read each block (``l2_evict_first``): the stream, read
     # once, then does not push the split partials, queries and block table out of L2
     kv_evict_first: bool = True
-    # in clusters, warp 0 loads the first 32 block-table entries of request part / k (the
-    # cluster plan's) beside the plan's length loads: where the plan confirms that request,
-    # the producer's first page lookup is not a second global round trip after the plan
-    cluster_table_prefetch: bool = True
     # ---- profiling (wrong results or extra writes; never set by the library)
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
     # "softmax", "store" (timing variants that leave one stage out; "softmax" leaves a finite
@@ -232,11 +228,6 @@ class DecodeConfig:
         slots = k if self.cluster_merge_spread else k - 1
         o = slots * max(self.cluster_rows_per_rank, 8) * CONTENT_DIM * 4
         return o, o + slots * L.M_TILE * 4
-
-    @property
-    def table_prefetch(self) -> bool:
-        """``cluster_table_prefetch`` where it applies: paged (dense) launches in clusters."""
-        return self.cluster_table_prefetch and self.cluster > 1 and not self.sparse
 
     @property
     def box_rows(self) -> int:

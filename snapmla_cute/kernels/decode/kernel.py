@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float32, Int32
+from cutlass import BFloat16, Float32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 
@@ -26,7 +26,7 @@ from snapmla_cute.kernels.decode.args import (
     ConsumerSync, DecodeInputs, DecodeMmas, DecodeOutputs, SmemLayouts, TmaLoads,
 )
 from snapmla_cute.kernels.decode.config import (
-    CLUSTER_SIZES, EPI_BUFFER_BYTES, FP8, MERGE_BATCH, OOB_PAGE, Q_SPLIT_KV_STAGES, SM90_SMEM_BYTES, DecodeConfig,
+    CLUSTER_SIZES, EPI_BUFFER_BYTES, FP8, MERGE_BATCH, Q_SPLIT_KV_STAGES, SM90_SMEM_BYTES, DecodeConfig,
 )
 from snapmla_cute.kernels.decode.consumer import Consumer
 from snapmla_cute.kernels.decode.epilogue import Epilogue
@@ -258,23 +258,11 @@ class DecodeKernel:
             # consumers wait on this (``cluster_epilogue``); the other roles never do
             cute.arch.cluster_arrive_relaxed()
         cute.arch.griddepcontrol_wait()  # the previous grid's writes (lengths, KV, Q, counters)
-        if cutlass.const_expr(cfg.table_prefetch):
-            pre_page = Int32(OOB_PAGE)
-            # issued before the plan's length loads, used after the plan (the producer's
-            # own thread, through shared memory: no register lives across setmaxnreg)
-            if warp_idx == 0:
-                pre_req = part // cfg.cluster
-                m_table = inputs.block_table
-                if pre_req < cute.size(m_table, mode=[0]) and tidx < cute.size(m_table, mode=[1]):
-                    pre_page = m_table[pre_req, tidx]
         # this part's plan, computed here from the lengths (no scheduler launch); the KV
         # stages are its scratch until the producer starts
         planner = Planner(cfg, self.scheduler, self.threads, tracer)
         planner.plan(inputs, storage.kv.data_ptr(), storage.scan.get_tensor(cute.make_layout((self.threads // 32,))),
                      smem.plan, m_tile, part, tidx)
-        if cutlass.const_expr(cfg.table_prefetch):
-            if warp_idx == 0:
-                storage.pre_pages.get_tensor(cute.make_layout((32,)))[tidx] = pre_page
         if tidx == 0:
             tracer.stamp("planned")
 
@@ -287,10 +275,7 @@ class DecodeKernel:
                 producer.load_sparse(inputs.block_table, ring, q_prod, m_tile, work, warp_idx)
             elif warp_idx == 0:
                 work = PartWork.read(smem.plan, inputs.seqlens)
-                pre = None
-                if cutlass.const_expr(cfg.table_prefetch):
-                    pre = (part // cfg.cluster, storage.pre_pages.get_tensor(cute.make_layout((32,))))
-                producer.load(inputs.block_table, q_prod, kv_prod, m_tile, work, pre)
+                producer.load(inputs.block_table, q_prod, kv_prod, m_tile, work)
         else:
             kv_addr = smem.kv_addr()
             consumer = Consumer(

@@ -73,11 +73,9 @@ class Producer:
             cute.copy(atom, t_g[(None, m_tile, 0, req)], dst, tma_bar_ptr=hq.barrier)
 
     @cute.jit
-    def load(self, m_block_table: cute.Tensor, q_prod, kv_prod, m_tile: Int32, work: PartWork, pre=None):
+    def load(self, m_block_table: cute.Tensor, q_prod, kv_prod, m_tile: Int32, work: PartWork):
         """Q and the KV blocks of every request segment of ``work``, in order, through the
-        one-stage Q pipeline's and the KV ring's producer participants ``q_prod``, ``kv_prod``.
-        ``pre``: (request, its first 32 block-table entries in shared memory, one per lane),
-        loaded at entry (``DecodeConfig.table_prefetch``), or None."""
+        one-stage Q pipeline's and the KV ring's producer participants ``q_prod``, ``kv_prod``."""
         cfg = self.cfg
         tma, smem = self.tma, self.smem
         br = cfg.box_rows
@@ -118,10 +116,6 @@ class Producer:
             # instead of one per KV block on the producer's critical path
             base = Int32(-64)
             cached = Int32(OOB_PAGE)
-            if cutlass.const_expr(pre is not None):
-                if r == 0 and req == pre[0]:
-                    base = Int32(0)
-                    cached = pre[1][lane]  # entries past the request's are never used (OOB_PAGE below)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 hk = kv_prod.acquire_and_advance()
                 self.tracer.producer_acquired(r, blk - blk_lo, lane)

@@ -32,10 +32,6 @@ def shared_storage(cfg, threads: int, scale_stride: int, n_scale: int, q_nope_sl
         if cfg.cluster > 1:
             # the cluster merge: peers' stages free, peers' rows arrived (``cluster_epilogue``)
             cl_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-        if cfg.table_prefetch:
-            # the producer's first 32 block-table entries of its cluster's request, loaded
-            # beside the plan's (``DecodeConfig.table_prefetch``)
-            pre_pages: cute.struct.MemRange[Int32, 32]
         # (row, field, slot), a row's 4 fields contiguous (one 16-byte access)
         state: cute.struct.Align[cute.struct.MemRange[Float32, 2 * 4 * L.M_TILE], 16]
         plan: cute.struct.MemRange[Int32, PLAN_WORDS]
