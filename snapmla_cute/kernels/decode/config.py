@@ -131,8 +131,6 @@ class DecodeConfig:
     # first where at most two CTAs read each block (``l2_evict_first``): the stream, read
     # once, then does not push the split partials, queries and block table out of L2
     kv_evict_first: bool = True
-    # at most this many idle parts help merge split requests (0: every idle part)
-    merge_helpers_max: int = 0
     # ---- profiling (wrong results or extra writes; never set by the library)
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
     # "softmax", "store" (timing variants that leave one stage out; "softmax" leaves a finite

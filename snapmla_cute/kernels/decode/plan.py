@@ -188,14 +188,9 @@ class Planner:
                     if whole == 2:
                         busy = 2 * batch
             helpers = cutlass.max(num_parts - busy, 0)
-            if cutlass.const_expr(self.cfg.merge_helpers_max > 0):
-                helpers = cutlass.min(helpers, self.cfg.merge_helpers_max)
             s_plan[9] = helpers
             s_plan[10] = -1
             k = part - busy
-            if cutlass.const_expr(self.cfg.merge_helpers_max > 0):
-                if k >= helpers:
-                    k = Int32(-1)  # idle past the cap: no merge share
             if k >= 0 and batch > 0:
                 hr = k % batch
                 hn = s_split[hr + 1] - s_split[hr]
