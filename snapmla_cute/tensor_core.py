@@ -17,7 +17,7 @@ import torch
 # the terms exactly and truncates the sum toward zero to `out_bits` fraction bits.
 #   e4m3 (QGMMA, k = 32): F = 13, out_bits = 13 — the "e8m13 accumulator";
 #   bf16 (HGMMA, k = 16): F = 25, out_bits = 23.
-# `profiles/experiments/fp8_accum_probe.py` is the probe.
+# The probe is `git show cc70d70:profiles/experiments/fp8_accum_probe.py`.
 
 
 def _floor_log2(x: torch.Tensor) -> torch.Tensor:

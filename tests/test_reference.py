@@ -225,7 +225,7 @@ def test_metrics():
 
 
 def test_tensor_core_mma_truncates_like_hopper():
-    """Hand-made cases of the fitted WGMMA adder (the fit itself: profiles/experiments/)."""
+    """Hand-made cases of the fitted WGMMA adder (the fit itself: fp8_accum_probe.py, at cc70d70)."""
     mma = tensor_core.tensor_core_mma
     one = torch.tensor([[1.0, 2.0**-6]])
     # 2^-14 is below the 13-bit grid of the largest product (2^0): dropped, where fp32 keeps it

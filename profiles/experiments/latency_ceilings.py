@@ -97,7 +97,7 @@ def main():
                 md = decode_metadata(c["seqlens"], s_q=1, heads=h, num_parts=parts, cluster=1)
             except ValueError:
                 continue
-            md.cluster = k  # as b1_clusters.py: clusters of 4 and 8 are the tuning's only
+            md.cluster = k  # as b1_clusters.py (at cc70d70): clusters of 4 and 8 are the tuning's only
             timed(name, f"{parts} parts, k {k}",
                   lambda: mla_decode(c["q"], c["cache"], c["block_table"], c["seqlens"], metadata=md, out=c["out"],
                                      lse=c["lse"], check=False))
