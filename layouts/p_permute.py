@@ -8,7 +8,7 @@ swaps registers inside each quad with two ``shfl`` and regroups bytes with ``prm
 (0x5410/0x1054, 0x7632/0x3276) — CUTLASS's ``make_acc_into_op``. ``permute_quad`` replays
 that on labels so tests can check every byte lands where the A layout expects it.
 
-That is the natural token order (``DecodeConfig.pi_order=False``). The kernel's default
+That is the natural token order (a compile option of the kernel until cc70d70). The kernel
 keeps P's columns in the accumulator's order π (``transpose.pi``) and writes Vᵀ in the same
 order: the packing is then one ``prmt`` per word inside each lane, no shuffles
 (``pi_packed_labels``).
@@ -83,7 +83,7 @@ def permuted_labels(t0: int) -> list[int]:
     return out
 
 
-# ---- the token order π (DecodeConfig.pi_order): no shuffles
+# ---- the token order π (what the kernel ships): no shuffles
 
 
 def pi_packed_labels(t0: int) -> list[int]:

@@ -66,7 +66,7 @@ def p_offset(row: int, token: int) -> int:
 
 def p_stsm_offset(warp, lane, kb: int):
     """Byte offset in the P tile of ``lane``'s stmatrix.x4 row address for k-step ``kb``
-    (``DecodeConfig.p_stsm``): row 16·warp + lane%8 (+8 for matrices 1, 3), k-half lane/16.
+    (``Consumer.publish_p``): row 16·warp + lane%8 (+8 for matrices 1, 3), k-half lane/16.
     Plain integer ops, so the kernel traces it on DSL ints."""
     row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)
     return p_offset(row, 16 * (lane >> 4) + 32 * kb)

@@ -7,8 +7,8 @@ lane address maps below are the ones the kernel traces; ``transpose_ldsm_emulate
 the program (PTX semantics of the three instructions) on a bytearray so the CPU tests check
 it against ``smem.content_offset``/``vt_offset``.
 
-Two token orders: natural (K position k of Vᵀ is token k) and π (``pi``, the kernel's
-default, ``DecodeConfig.pi_order``), the order in which the QK accumulator hands each lane
+Two token orders: natural (K position k of Vᵀ is token k) and π (``pi``, what the kernel's
+``Transposer`` writes), the order in which the QK accumulator hands each lane
 its columns, so that P needs no shuffles; each 32-wide k-step sums the same tokens either way.
 ``render_tokens`` / ``plot_tokens`` draw the Vᵀ and P tiles by token in either order.
 """
@@ -62,7 +62,7 @@ def ldsm_lane(lane, pi: bool = False):
 
 
 def pi(k: int) -> int:
-    """Token at K position ``k`` of Vᵀ and P in the order π (``DecodeConfig.pi_order``):
+    """Token at K position ``k`` of Vᵀ and P in the order π (what the kernel ships):
     within each 16, k = 4q + i holds token (2q, 2q+1, 8+2q, 9+2q)[i] — the columns the QK
     accumulator gives lane q, in register order, so P is packed without quad shuffles.
     Every 32-wide k-step still sums the same tokens."""
@@ -180,7 +180,7 @@ def transpose_ldsm_emulated(buf: bytearray, valid_tokens: int = 64, pi: bool = F
 
 
 # ------------------------------------------------------------------------------------------
-# The token order π (``DecodeConfig.pi_order``, the kernel's default)
+# The token order π (what the kernel ships)
 # ------------------------------------------------------------------------------------------
 #
 # K position k of the Vᵀ and P tiles holds token ``pi(k)``. π moves tokens only inside each
@@ -207,7 +207,7 @@ def token_offset(kind: str, row: int, token: int, pi: bool = True) -> int:
 
 
 def _order_name(pi: bool) -> str:
-    return "token order π (kernel default)" if pi else "natural token order (pi_order=False)"
+    return "token order π (kernel default)" if pi else "natural token order (the reference π is defined against)"
 
 
 def render_tokens(kind: str = "vt", rows: int = 8, cols: int = 16, pi: bool = True) -> str:

@@ -1,6 +1,6 @@
 """Warp roles, register budgets and barrier ids of the decode kernel.
 
-One CTA = 4 warpgroups (512 threads; ``DecodeConfig.transposer``, the default):
+One CTA = 4 warpgroups (512 threads, ``LAYOUT``):
 
 * WG0 — producer. ``setmaxnreg`` down to 24; warp 0 issues every TMA load (Q once per
   request segment, then per 64-token KV block: e4m3 content, bf16 RoPE, fp32 scales).
@@ -20,21 +20,19 @@ One CTA = 4 warpgroups (512 threads; ``DecodeConfig.transposer``, the default):
   only moves forward), and issues QK of block j+2 once its KV has landed (a consumer waits
   for the TMA of its own blocks only: of the other's it reads Vᵀ and P).
 
-Without the transposer (``transposer=False``): 3 warpgroups (384 threads), consumers WG1
-and WG2 at 240 registers, each transposing its own blocks in place between its QK wait
-and the softmax (``WG_SYNC`` between the load and store phases of each 8 KiB chunk).
+(The 3-warpgroup layout, each consumer transposing its own blocks at 240 registers, was
+measured slower and is at cc70d70.)
 
 Named barriers (hardware ids 1..15; 0 is ``__syncthreads``) between the two consumer WGs
 (256 threads each; one side arrives, the other waits, so no side can run two generations
 ahead — the reverse barrier bounds it):
 
 * ``STATE[s]`` — the owner of block ``k`` (``s = k % 2``) published P_k in ``sP[s]`` and its
-  softmax state (m, σ_p, ℓ, γ) in slot ``s`` (and, without the transposer, Vᵀ_k); the
-  other WG waits.
+  softmax state (m, σ_p, ℓ, γ) in slot ``s``; the other WG waits.
 * ``PFREE[s]`` — the other WG finished its PV GEMM with ``sP[s]``; the owner of block
   ``k + 2`` waits before overwriting it.
-* ``WG_SYNC[w]`` — consumer ``w``'s own 128 threads (P stores visible to its WGMMAs; the
-  in-place transpose phases without the transposer).
+* ``WG_SYNC[w]`` — consumer ``w``'s own 128 threads (before a WG reads back its own last
+  published state).
 * ``PAIR_SYNC`` — both consumer WGs (256 threads) after a split request's epilogue: the
   CTA counts its split once, and the splits that merge use the KV stages as scratch.
 * ``TRANSPOSER_SYNC`` — the transposer's 128 threads, between the load and store phases
@@ -46,28 +44,25 @@ from dataclasses import dataclass
 
 THREADS_PER_WG = 128
 NUM_CONSUMER_WGS = 2
-THREADS = THREADS_PER_WG * (1 + NUM_CONSUMER_WGS)
 PRODUCER_REGS = 24
-CONSUMER_REGS = 240
-# with the transposer warpgroup: 128·(24 + 40) + 256·224 = 65536 registers
 TRANSPOSER_REGS = 40
-CONSUMER_REGS_WITH_TRANSPOSER = 224
+# 128·(24 + 40) + 256·224 = 65536 registers
+CONSUMER_REGS = 224
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Warpgroups of one CTA: the transposer's index (or None) and the first consumer's."""
+    """Warpgroups of one CTA: the threads, the transposer's index, the first consumer's and
+    the consumers' register budget."""
 
     threads: int
-    transposer_wg: int | None
+    transposer_wg: int
     first_consumer_wg: int
     consumer_regs: int
 
 
-def layout(transposer: bool) -> Layout:
-    if transposer:
-        return Layout(THREADS_PER_WG * (2 + NUM_CONSUMER_WGS), 1, 2, CONSUMER_REGS_WITH_TRANSPOSER)
-    return Layout(THREADS, None, 1, CONSUMER_REGS)
+# producer, transposer, then the two consumers
+LAYOUT = Layout(THREADS_PER_WG * (2 + NUM_CONSUMER_WGS), 1, 2, CONSUMER_REGS)
 
 
 class Barrier(enum.IntEnum):

@@ -286,8 +286,7 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True,
     FlashMLA's dense FP8 and BF16 decodes are timed on the same data where ``flash_mla``
     runs here (``peers``), else their figures come from the anchors (column ``peer_src``).
     ``accurate``: also the accurate mode's time (``accurate_mode_us``) and its cost."""
-    from snapmla_cute import anchors, peers
-    from snapmla_cute.decode import _step_call
+    from snapmla_cute import anchors, peers, steps
 
     name = torch.cuda.get_device_name()
     kind = anchors.device_kind(name)
@@ -304,7 +303,8 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True,
         call, call_bf16_q = c.serving_call(), c.serving_call(bf16_q=True)
         us, us_e2e = time_us(call), time_us(call_bf16_q)
         host, host_bf16 = host_us_per_call(call), host_us_per_call(call_bf16_q)
-        step, step_args = _step_call(c.qq, c.cache, c.block_table, c.seqlens, c.metadata, c.out, c.lse, None, causal)
+        step, step_args = steps.dense_call(c.qq, c.cache, c.block_table, c.seqlens, c.metadata, c.out, c.lse, None,
+                                           causal)
         launch = host_us_per_call(lambda: step(*step_args))
         here = peers.dense_us(c.q, c.kv_pages, c.block_table, c.seqlens, causal=causal) if peers_here else {}
         floor_us = dense_floor_us(b, h, s_q, lens, copy_tbps, peak)

@@ -27,7 +27,7 @@ QUICK_SHAPES = [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 32, True), (32, 
 def decode_variants(full: bool = True) -> list:
     from snapmla_cute.format import PAGE_SIZES
     from snapmla_cute.kernels.decode import DecodeConfig
-    from snapmla_cute.planning import HEADS, MAX_S_Q
+    from snapmla_cute.heads import HEADS, MAX_S_Q
 
     if not full:
         shapes = QUICK_SHAPES
@@ -38,11 +38,7 @@ def decode_variants(full: bool = True) -> list:
         shapes = list(itertools.product(wide, range(1, 5), PAGE_SIZES, (False, True)))
         shapes += [(8, s, 64, c) for s in range(1, MAX_S_Q + 1) for c in (False, True)]
         shapes += [(h, s, 64, c) for h in wide for s in range(5, MAX_S_Q + 1) for c in (False, True)]
-    out = [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
-    # the non-default layout (no transposer warpgroup) at the quick shapes, the natural token
-    # order (no π) at two of them
-    out += [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, transposer=False) for h, s, p, c in QUICK_SHAPES]
-    return out + [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c, pi_order=False) for h, s, p, c in QUICK_SHAPES[:2]]
+    return [DecodeConfig(heads=h, s_q=s, page_size=p, causal=c) for h, s, p, c in shapes]
 
 
 def fused_kernels() -> tuple:
@@ -77,7 +73,7 @@ def all_variants(full: bool = True) -> list[tuple]:
     out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(DecodeConfig(h, 1, 64, False, cluster=2))) for h in (64, 128)]
     # the head-group plan of small batches (128 or 64 heads as groups of 16, a cluster of k
     # each): every (g, k) default_head_groups picks, the bf16-query step, the accurate mode's
-    from snapmla_cute.planning import head_group_steps
+    from snapmla_cute.heads import head_group_steps
 
     out += [(dc.STEP_NAME, dc.compile_step, DecodeStepConfig(DecodeConfig(16, 1, 64, False, cluster=k), g))
             for g, k in head_group_steps()]
@@ -133,7 +129,7 @@ def visible_variants() -> list:
 def sparse_variants() -> list:
     from snapmla_cute.kernels.decode import DecodeConfig
     from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig
-    from snapmla_cute.sparse import SPARSE_HEADS
+    from snapmla_cute.heads import SPARSE_HEADS
 
     return [DecodeSparseStepConfig(DecodeConfig(heads=h, s_q=1, page_size=1, causal=False, sparse=True), s)
             for h in SPARSE_HEADS for s in ((1, 2) if h == 128 else (1, 8) if h == 8 else (1,))]

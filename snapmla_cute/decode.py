@@ -16,60 +16,26 @@ from snapmla_cute.checks import capturing as _capturing
 from snapmla_cute.checks import check_capture_ready as _check_capture_ready
 from snapmla_cute.checks import check_values as _check_values
 from snapmla_cute.format import CONTENT_DIM
-from snapmla_cute.fused import _check_precision, quantize_q
+from snapmla_cute.fused import quantize_q
 from snapmla_cute.kernels import append_kv as _append_kv
 from snapmla_cute.kernels import decode_scheduler as _scheduler
 from snapmla_cute.kernels import dequant_kv as _dequant_kv
 from snapmla_cute.kernels import quant_q as _quant_q
 from snapmla_cute.kv_cache import FP8KVCache
-from snapmla_cute.planning import (
-    HEAD_GROUP_HEADS,
-    HEAD_GROUP_MIN_HEADS,
-    HEADS,
-    DecodeMetadata,
-    _check_cluster_parts,
-    decode_metadata,
+from snapmla_cute.heads import HEAD_GROUP_HEADS, HEAD_GROUP_MIN_HEADS, HEADS
+from snapmla_cute.planning import DecodeMetadata, decode_metadata
+from snapmla_cute.steps import (
+    HOT_DENSE,
+    check_query_precision,
+    check_split_capture,
+    dense_call,
+    hot_precision,
+    is_split,
+    launch_cluster,
+    step_args,
 )
-from snapmla_cute.tuning import DECODE_TUNING, _hot_table, _launcher
-from snapmla_cute.validation import _query_values, _table_stats, _validate_decode
-
-_hot_steps = _hot_table()  # (heads, s_q, page_size, causal, bf16 q, visible, cluster, q_split, head groups) -> step
-_LOG2E = 1.4426950408889634
-_DEFAULT_SCALE_LOG2 = (576**-0.5) * _LOG2E
-
-
-def _step_launcher(heads: int, s_q: int, page_size: int, causal: bool, bf16_q: bool = False, visible: bool = False,
-                   cluster: int = 1, q_split: bool = False, head_groups: int = 1):
-    """The compiled step (``decode_step``, or ``decode_step_q`` which quantizes a bf16 query
-    first; ``visible``: causal by given visible-key counts, quantized query only), registered
-    for the hot path. ``heads`` are the call's; with ``head_groups`` g the kernel's requests
-    have heads / g."""
-    tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
-
-    from snapmla_cute.kernels.decode import compile as decode_compile
-
-    def make():
-        from snapmla_cute.kernels.decode import DecodeConfig
-        from snapmla_cute.kernels.decode.step import DecodeStepConfig
-
-        extra = {"visible": True} if visible else {}
-        if q_split:  # the residual's Q tile takes one KV stage's shared memory
-            from snapmla_cute.kernels.decode.config import Q_SPLIT_KV_STAGES
-
-            extra.update(q_split=True, kv_stages=Q_SPLIT_KV_STAGES)
-        kw = {"cluster": cluster, **DECODE_TUNING}
-        if visible:
-            kw["cluster"] = 1  # the context-parallel step: plain launches
-        # the tuning may set kv_stages over the accurate mode's default
-        return DecodeStepConfig(DecodeConfig(heads=heads // head_groups, s_q=s_q, page_size=page_size, causal=causal,
-                                             **{**extra, **kw}), head_groups)
-
-    step = decode_compile.compile_step_q if bf16_q else decode_compile.compile_step
-    key = (heads, s_q, page_size, causal, tuning, cluster) + (("visible",) if visible else ()) + (
-        ("q_split",) if q_split else ()) + ((("head_groups", head_groups),) if head_groups > 1 else ())
-    fn = _launcher(step, key, make)
-    _hot_steps[(heads, s_q, page_size, causal, bf16_q, visible, cluster, q_split, head_groups)] = fn
-    return fn
+from snapmla_cute.tuning import DECODE_TUNING
+from snapmla_cute.validation import query_values, table_stats, validate_decode
 
 
 def mla_decode(
@@ -115,34 +81,35 @@ def mla_decode(
     call is explained by the same Python checks as the other paths (same errors, nothing
     written).
     """
-    if not check and metadata is not None and out is not None and lse is not None and _hot_precision(q, q_precision):
+    if not check and metadata is not None and out is not None and lse is not None and hot_precision(q, q_precision):
         try:
-            bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
-            fn = _hot_steps[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None,
-                             _launch_cluster(metadata, visible, _is_split(q)), _is_split(q), metadata.head_groups)]
+            bf16_q, args = step_args(q, block_table, cache_seqlens, out, lse, cache.step_args, metadata, softmax_scale,
+                                     visible)
+            fn = HOT_DENSE[(metadata.heads, metadata.s_q, cache.page_size, causal, bf16_q, visible is not None,
+                            launch_cluster(metadata, visible, is_split(q)), is_split(q), metadata.head_groups)]
         except (KeyError, AttributeError, TypeError):
             fn = None  # first call of this shape, or bad arguments: the full path below
         if fn is not None:
             try:
                 fn(*args)
             except Exception:
-                _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal,
-                                 visible)
+                validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal,
+                                visible)
                 raise  # the Python checks found nothing: the compiled call's own error stands
             return out, lse
-    b, s_q, h, q_dev = _validate_decode(
+    b, s_q, h, q_dev = validate_decode(
         q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal, visible
     )
-    _check_query_precision(q, q_precision)
+    check_query_precision(q, q_precision)
     if check and b and not _capturing():
-        _check_values(finite=_query_values(q), extra=_table_stats(block_table, cache_seqlens, cache))
+        _check_values(finite=query_values(q), extra=table_stats(block_table, cache_seqlens, cache))
     _check_capture_ready("mla_decode", "decode_metadata", metadata, out, lse)
     if metadata is None:
         # the cluster choice reads the lengths: only where check already syncs
         metadata = decode_metadata(cache_seqlens, s_q=s_q, heads=h, cluster=None if check else 1)
     bf16_q = not isinstance(q, (tuple, list))
     if bf16_q and q_precision == "e4m3x2":  # the accurate mode quantizes apart (hi + lo)
-        _check_split_capture("mla_decode")
+        check_split_capture("mla_decode")
         q, bf16_q = quantize_q(q, check=False, precision=q_precision), False
     if bf16_q:
         if metadata.q_args is None:  # custom-op metadata has no query buffers: quantize apart
@@ -155,94 +122,9 @@ def mla_decode(
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     if b == 0:
         return out, lse
-    fn, args = _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible)
+    fn, args = dense_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible)
     fn(*args)
     return out, lse
-
-
-def _is_split(q) -> bool:
-    """A quantized query in the accurate mode: ``quantize_q``'s four tensors (with q_lo)."""
-    return isinstance(q, (tuple, list)) and len(q) == 4
-
-
-def _hot_precision(q, q_precision) -> bool:
-    """Whether the hot path may take this call: no precision named, or one that agrees with
-    the query's tensors (a bf16 query in the accurate mode is quantized apart, on the full
-    path; anything else is explained there)."""
-    if q_precision is None:
-        return True
-    if isinstance(q, (tuple, list)):
-        return q_precision == ("e4m3x2" if len(q) == 4 else "e4m3")
-    return q_precision == "e4m3"
-
-
-def _check_split_capture(op: str) -> None:
-    """A bf16 query in the accurate mode is quantized into new tensors: not under capture."""
-    if _capturing():
-        raise ValueError(
-            f"{op}: q_precision='e4m3x2' with a bf16 query under CUDA-graph capture: pass quantize_q(q, "
-            "precision='e4m3x2', out=...)'s four tensors (made before capture); nothing may be allocated inside "
-            "the captured region"
-        )
-
-
-def _check_query_precision(q, q_precision) -> None:
-    """``q_precision`` names one of ``format.Q_PRECISIONS`` and, for a quantized query, the
-    one its tensors are (four: e4m3x2)."""
-    if q_precision is None:
-        return
-    split = _check_precision(q_precision)
-    if isinstance(q, (tuple, list)) and split != (len(q) == 4):
-        raise ValueError(f"q_precision: expected {'e4m3x2' if len(q) == 4 else 'e4m3'} for a quantized query of "
-                         f"{len(q)} tensors, got {q_precision!r}")
-
-
-def _step_query(q, metadata, softmax_scale) -> tuple:
-    """What a step call (dense or sparse) takes for its query: ``(bf16 q?, the quantized
-    query's three tensors, the bf16 query or None, the softmax scale in the log2 domain)``.
-    A bf16 query goes last: the step quantizes it into the metadata's query buffers, which
-    take the quantized query's place."""
-    scale = _DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * _LOG2E
-    if isinstance(q, (tuple, list)):
-        return False, tuple(q), None, scale
-    return True, metadata.q_args, q, scale
-
-
-def _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible=None):
-    """``(bf16 q?, the compiled step's arguments)``, no checks (the hot path and
-    ``_step_call``). ``q`` is the quantized tuple, or a bf16 tensor (``_step_query``). Every
-    tensor goes in its own layout: the step builds its views; the step's three optional
-    tensors, ``visible``, the bf16 query and ``q_lo``, are always passed (None where absent)."""
-    bf16_q, head, q_bf16, scale = _step_query(q, metadata, softmax_scale)
-    args = (*head[:3], block_table, cache_seqlens, out, lse, *cache.step_args, *metadata.step_args, scale, visible, q_bf16)
-    # the accurate mode's q_lo last, None otherwise: a compiled call takes every optional tensor
-    return bf16_q, args + (head[3] if len(head) > 3 else None,)
-
-
-def _launch_cluster(metadata, visible, q_split: bool = False) -> int:
-    """The step's parts per cluster, as the hot path looks it up and ``_step_call`` registers
-    it: the metadata's, but plain for the context-parallel step and at most
-    ``Q_SPLIT_MAX_CLUSTER`` in the accurate mode (whose three KV stages hold no larger
-    cluster merge; the kernel's plan then leaves the extra parts idle)."""
-    if visible is not None:
-        return 1
-    if not q_split:
-        return metadata.cluster
-    from snapmla_cute.kernels.decode.config import Q_SPLIT_MAX_CLUSTER  # in sys.modules after the first call
-
-    return min(metadata.cluster, Q_SPLIT_MAX_CLUSTER)
-
-
-def _step_call(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, causal, visible=None):
-    """The compiled decode step and its argument tuple (no checks; the bench times the bare
-    call with it)."""
-    bf16_q, args = _step_args(q, cache, block_table, cache_seqlens, metadata, out, lse, softmax_scale, visible)
-    _, s_q, h, _ = args[0].shape
-    _check_cluster_parts(metadata)
-    q_split = _is_split(q)
-    cluster = _launch_cluster(metadata, visible, q_split)
-    return _step_launcher(h, s_q, cache.page_size, bool(causal), bf16_q, visible is not None, cluster, q_split,
-                          metadata.head_groups), args
 
 
 def warmup(

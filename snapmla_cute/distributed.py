@@ -37,9 +37,10 @@ from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.format import CONTENT_DIM
 from snapmla_cute.decode import mla_decode
-from snapmla_cute.planning import HEADS, MAX_S_Q, DecodeMetadata, decode_metadata
-from snapmla_cute.tuning import _launcher
-from snapmla_cute.validation import _validate_outputs
+from snapmla_cute.heads import HEADS, MAX_S_Q
+from snapmla_cute.planning import DecodeMetadata, decode_metadata
+from snapmla_cute.tuning import launcher
+from snapmla_cute.validation import validate_outputs
 
 
 @dataclass(frozen=True)
@@ -74,14 +75,14 @@ class CPDecodeMetadata:
     def __init__(self, local: DecodeMetadata, world: int, device):
         b, s_q, h = local.batch, local.s_q, local.heads
         self.batch, self.s_q, self.heads, self.world, self.local = b, s_q, h, world, local
-        self.local_out, self.local_lse, self.outs, self.lses, self.send, self.gathered = _partial_buffers(
+        self.local_out, self.local_lse, self.outs, self.lses, self.send, self.gathered = partial_buffers(
             b, s_q, h, world, device)
         self.visible = torch.empty(b, s_q, dtype=torch.int32, device=device)
 
 
-def _partial_buffers(b: int, s_q: int, h: int, world: int, device):
+def partial_buffers(b: int, s_q: int, h: int, world: int, device):
     """This rank's decode ``out`` bf16 ``[b, s_q, h, 512]`` and ``lse`` fp32 ``[b, h, s_q]``,
-    the group's gathered ones ``[world, ...]`` (what :func:`_exchange_and_merge` reads), and
+    the group's gathered ones ``[world, ...]`` (what :func:`exchange_and_merge` reads), and
     the two byte buffers under them: ``(local_out, local_lse, outs, lses, send, gathered)``.
     A rank's out and LSE sit in one ``send`` row so that the exchange is one all-gather
     (each NCCL call costs ~15-25 µs at these sizes); ``outs`` / ``lses`` are views of the
@@ -137,12 +138,12 @@ def visible_counts(cache_seqlens, global_seqlens, s_q: int, placement, out: torc
 def _merge_launcher(s_q: int, heads: int):
     from snapmla_cute.kernels import lse_merge
 
-    return _launcher(lse_merge.compile, (s_q, heads), lambda: lse_merge.LseMergeConfig(s_q, heads))
+    return launcher(lse_merge.compile, (s_q, heads), lambda: lse_merge.LseMergeConfig(s_q, heads))
 
 
 def _check_stacked(name, t, dtype, dim, last=None):
     """A stack of W partials: each one contiguous, any row stride between them that keeps
-    them apart and 16-byte aligned (the gathered rows of :func:`_partial_buffers`)."""
+    them apart and 16-byte aligned (the gathered rows of :func:`partial_buffers`)."""
     _check_tensor(name, t, dtype, dim=dim, last=last, rows_strided=True)
     if t.shape[0] == 0 or t[0].numel() == 0:
         return
@@ -169,7 +170,7 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor, *, out=None, lse=None
         raise ValueError(f"outs: expected heads in {HEADS} and s_q in [1, {MAX_S_Q}], got {h} and {s_q}")
     _check_cuda(outs=outs, lses=lses)
     _check_same_device(outs=outs, lses=lses)
-    _validate_outputs(out, lse, b, s_q, h, outs.device, {"outs": outs, "lses": lses})
+    validate_outputs(out, lse, b, s_q, h, outs.device, {"outs": outs, "lses": lses})
     if _capturing() and (out is None or lse is None):
         raise ValueError("merge_partials under CUDA-graph capture needs out and lse (made before capture)")
     return _merge_into(outs, lses, out, lse)
@@ -217,7 +218,7 @@ def mla_decode_cp(
     with ``causal`` and s_q > 1. ``metadata`` from :func:`cp_decode_metadata` (needed under
     CUDA-graph capture, with ``out`` and ``lse``). ``check`` as in ``mla_decode`` (a sync).
     """
-    world = _group_world(placement, group)
+    world = group_world(placement, group)
     qt = q[0] if isinstance(q, (tuple, list)) and q else q
     if not isinstance(qt, torch.Tensor) or qt.dim() != 4:
         got = f"shape {tuple(qt.shape)}" if isinstance(qt, torch.Tensor) else type(qt).__name__
@@ -234,15 +235,15 @@ def mla_decode_cp(
             f"got {(b, s_q, h, world)}"
         )
     # before anything runs: nothing written on error; with check, not inside what the merge reads
-    _validate_outputs(out, lse, b, s_q, h, qt.device, _merge_reads(metadata) if check else None)
+    validate_outputs(out, lse, b, s_q, h, qt.device, merge_reads(metadata) if check else None)
     decode_shard(
         q, cache, block_table, cache_seqlens, placement=placement, global_seqlens=global_seqlens, causal=causal,
         softmax_scale=softmax_scale, metadata=metadata, check=check,
     )
-    return _exchange_and_merge(metadata, group, out, lse)
+    return exchange_and_merge(metadata, group, out, lse)
 
 
-def _group_world(placement, group) -> int:
+def group_world(placement, group) -> int:
     """The size of ``group`` (1 without an initialized process group), after checking that
     ``placement`` fits it: a :class:`RoundRobin` over that many ranks at this process's rank,
     or a :class:`Contiguous`."""
@@ -260,8 +261,8 @@ def _group_world(placement, group) -> int:
     return world
 
 
-def _merge_reads(metadata) -> dict:
-    """The buffers :func:`_exchange_and_merge` reads, by name (``out`` / ``lse`` may not overlap them)."""
+def merge_reads(metadata) -> dict:
+    """The buffers :func:`exchange_and_merge` reads, by name (``out`` / ``lse`` may not overlap them)."""
     return {"metadata.local_out": metadata.local_out, "metadata.local_lse": metadata.local_lse,
             "metadata.outs": metadata.outs, "metadata.lses": metadata.lses}
 
@@ -275,7 +276,7 @@ def exchange_partials(metadata, group=None) -> None:
     dist.all_gather_into_tensor(metadata.gathered, metadata.send, group=group)
 
 
-def _exchange_and_merge(metadata, group, out, lse):
+def exchange_and_merge(metadata, group, out, lse):
     """The tail of a context-parallel call on checked tensors: this rank's partial
     exchanged (:func:`exchange_partials`; world 1: used as is) and LSE-merged into ``out`` /
     ``lse`` (allocated if None)."""
@@ -300,7 +301,7 @@ def decode_shard(q, cache, block_table, cache_seqlens, *, placement, metadata: C
         _check_tensor("global_seqlens", global_seqlens, torch.int32, dim=1)
         if global_seqlens.shape[0] != b:
             raise ValueError(f"global_seqlens: expected shape ({b},), got {tuple(global_seqlens.shape)}")
-        _check_starts(placement, b, cache_seqlens)
+        check_starts(placement, b, cache_seqlens)
         _check_same_device(cache_seqlens=cache_seqlens, global_seqlens=global_seqlens)
         visible = visible_counts(cache_seqlens, global_seqlens, s_q, placement, out=metadata.visible)
     # causal with s_q 1: every key of every shard precedes the query, nothing to mask
@@ -310,7 +311,7 @@ def decode_shard(q, cache, block_table, cache_seqlens, *, placement, metadata: C
     )
 
 
-def _check_starts(placement, b: int, cache_seqlens) -> None:
+def check_starts(placement, b: int, cache_seqlens) -> None:
     """A :class:`Contiguous` placement's ``starts``: int32 ``[b]`` beside ``cache_seqlens``."""
     if isinstance(placement, Contiguous):
         _check_tensor("placement.starts", placement.starts, torch.int32, dim=1)

@@ -25,7 +25,7 @@ its destination) and one scatter: O(topk) elementwise torch ops with no host syn
 sort, so a captured call replays with new positions, and the same code runs on CPU tensors
 (the tests compare it there with a plain loop). Then ``mla_decode_sparse`` decodes the
 compacted lists, and the partials are all-gathered and LSE-merged as the dense path does
-(``distributed._exchange_and_merge``): every rank ends with the whole decode's ``out`` bf16
+(``distributed.exchange_and_merge``): every rank ends with the whole decode's ``out`` bf16
 ``[b, s_q, h, 512]`` and ``lse`` fp32 ``[b, h, s_q]``.
 
 The buffers a call keeps (the lists, their lengths, the local plan, the partials) are
@@ -48,22 +48,17 @@ from snapmla_cute.checks import check_values as _check_values
 from snapmla_cute.distributed import (
     Contiguous,
     RoundRobin,
-    _check_starts,
-    _exchange_and_merge,
-    _group_world,
-    _merge_reads,
-    _partial_buffers,
+    check_starts,
+    exchange_and_merge,
+    group_world,
+    merge_reads,
+    partial_buffers,
 )
+from snapmla_cute.heads import SPARSE_HEADS, SPARSE_MAX_S_Q
 from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN as _MAX_SEQLEN
-from snapmla_cute.tuning import _launcher
-from snapmla_cute.sparse import (
-    SPARSE_HEADS,
-    SPARSE_MAX_S_Q,
-    SparseDecodeMetadata,
-    mla_decode_sparse,
-    sparse_decode_metadata,
-)
-from snapmla_cute.validation import _query_values, _table_stats, _validate_outputs, _validate_query
+from snapmla_cute.sparse import SparseDecodeMetadata, mla_decode_sparse, sparse_decode_metadata
+from snapmla_cute.tuning import launcher
+from snapmla_cute.validation import query_values, table_stats, validate_outputs, validate_query
 
 _INT32_MAX = 2**31 - 1
 
@@ -79,7 +74,7 @@ class CPSparseDecodeMetadata:
         self.batch, self.s_q, self.heads, self.topk, self.world, self.local = b, s_q, h, topk, world, local
         self.indices = torch.empty(b, s_q, topk, dtype=torch.int32, device=device)
         self.topk_length = torch.empty(b, dtype=torch.int32, device=device)
-        self.local_out, self.local_lse, self.outs, self.lses, self.send, self.gathered = _partial_buffers(
+        self.local_out, self.local_lse, self.outs, self.lses, self.send, self.gathered = partial_buffers(
             b, s_q, h, world, device)
 
 
@@ -148,7 +143,7 @@ def _translate_kernel(topk_pos, block_table, cache_seqlens, placement, page_size
         return
     rr = isinstance(placement, RoundRobin)
     key = (page_size, rr, topk_length is not None)
-    fn = _launcher(topk_translate.compile, key, lambda: topk_translate.TopkTranslateConfig(*key))
+    fn = launcher(topk_translate.compile, key, lambda: topk_translate.TopkTranslateConfig(*key))
     starts = cache_seqlens if rr else placement.starts  # unread with round robin
     rank, world = (placement.rank, placement.world) if rr else (0, 1)
     fn(topk_pos, block_table, cache_seqlens, starts, cache_seqlens if topk_length is None else topk_length, out,
@@ -209,13 +204,13 @@ def _check_lists(topk_pos, block_table, cache_seqlens, placement, topk_length, b
         if topk_length.shape[0] != b:
             raise ValueError(f"topk_length: expected shape ({b},), got {tuple(topk_length.shape)}")
         _check_same_device(topk_pos=topk_pos, topk_length=topk_length)
-    _check_starts(placement, b, cache_seqlens)
+    check_starts(placement, b, cache_seqlens)
     return b, s_q, topk_pos.shape[2]
 
 
 def _validate_shard(q, cache, topk_pos, block_table, cache_seqlens, placement, topk_length, softmax_scale):
     """Every structural check of a rank's part (no host sync). Returns ``(b, s_q, h, topk, device)``."""
-    b, s_q, h, q_dev = _validate_query(q, cache, SPARSE_HEADS, SPARSE_MAX_S_Q)
+    b, s_q, h, q_dev = validate_query(q, cache, SPARSE_HEADS, SPARSE_MAX_S_Q)
     if b < 1:
         raise ValueError(f"q: expected a batch of at least 1, got {b}")
     _check_softmax_scale(softmax_scale)
@@ -247,7 +242,7 @@ def _check_shard_values(q, cache, topk_pos, block_table, cache_seqlens, placemen
         ranges.append(("topk_length", topk_length, 0, topk))
     if isinstance(placement, Contiguous):
         ranges.append(("placement.starts", placement.starts, 0, _INT32_MAX))
-    _check_values(finite=_query_values(q), ranges=ranges, extra=_table_stats(block_table, cache_seqlens, cache))
+    _check_values(finite=query_values(q), ranges=ranges, extra=table_stats(block_table, cache_seqlens, cache))
 
 
 def _run_shard(q, cache, topk_pos, block_table, cache_seqlens, placement, topk_length, softmax_scale, metadata):
@@ -305,7 +300,7 @@ def mla_decode_sparse_cp(
     page ids as ``mla_decode`` checks them. Without it no value is read: any position and
     length are safe (see :func:`local_topk`), page ids are trusted.
     """
-    world = _group_world(placement, group)
+    world = group_world(placement, group)
     b, s_q, h, topk, q_dev = _validate_shard(q, cache, topk_pos, block_table, cache_seqlens, placement, topk_length,
                                              softmax_scale)
     _check_capture_ready("mla_decode_sparse_cp", "cp_sparse_decode_metadata", metadata, out, lse)
@@ -313,8 +308,8 @@ def mla_decode_sparse_cp(
         metadata = cp_sparse_decode_metadata(b, s_q, h, topk, world=world, device=q_dev)
     _check_metadata(metadata, b, s_q, h, topk, world, q_dev)
     # before anything runs: nothing written on error; with check, not inside what the merge reads
-    _validate_outputs(out, lse, b, s_q, h, q_dev, _merge_reads(metadata) if check else None)
+    validate_outputs(out, lse, b, s_q, h, q_dev, merge_reads(metadata) if check else None)
     if check:
         _check_shard_values(q, cache, topk_pos, block_table, cache_seqlens, placement, topk_length, topk)
     _run_shard(q, cache, topk_pos, block_table, cache_seqlens, placement, topk_length, softmax_scale, metadata)
-    return _exchange_and_merge(metadata, group, out, lse)
+    return exchange_and_merge(metadata, group, out, lse)

@@ -25,13 +25,13 @@ from snapmla_cute.reference import (
     HEAD_DIM,
     LOG2E,
     default_softmax_scale,
-    _gather,
+    gather_pages,
     pow2_tile_codes,
     quantize_rows,
     row_scale,
     to_e4m3,
     unpack_kv_rows,
-    _visible_lengths,
+    visible_lengths,
 )
 from snapmla_cute.tensor_core import tensor_core_mma
 
@@ -95,7 +95,7 @@ CONFIGS = {
 
 
 @dataclass
-class _QuantizedK:
+class QuantizedK:
     """One request's K/V in the form the decode consumes.
 
     ``qk_codes``: values entering the QK GEMM (e4m3 content codes and RoPE in the scaled
@@ -110,7 +110,7 @@ class _QuantizedK:
     v_scale: torch.Tensor
 
 
-def _quantize_q(q: torch.Tensor, cfg: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_q_codes(q: torch.Tensor, cfg: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """q ``[..., 576]`` → (codes ``[..., 576]`` as fp32 values, scale ``[...]``)."""
     if cfg.kv in ("tile128", "bf16") or (cfg.kv == "per_tensor_all" and not cfg.q_quant):
         return q.float(), torch.ones(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -131,8 +131,8 @@ def _quantize_q(q: torch.Tensor, cfg: QuantConfig) -> tuple[torch.Tensor, torch.
     return to_e4m3(q.float() * (1.0 / s).unsqueeze(-1)).float(), s
 
 
-def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) -> _QuantizedK:
-    """Unquantized K ``[L, 576]`` of one request → ``_QuantizedK`` under ``cfg``."""
+def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) -> QuantizedK:
+    """Unquantized K ``[L, 576]`` of one request → ``QuantizedK`` under ``cfg``."""
     kf = k.float()
     L = kf.shape[0]
     ones = torch.ones(L, dtype=torch.float32, device=k.device)
@@ -142,25 +142,25 @@ def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) ->
             inv = (1.0 / s).unsqueeze(-1)
             c = c if cfg.k_quant else kf[:, :CONTENT_DIM] * inv
             r = r if cfg.rope_bf16 else kf[:, CONTENT_DIM:] * inv
-        return _QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
+        return QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
     if cfg.kv == "per_tensor_all":
         s = torch.tensor(max(tensor_amax, AMAX_FLOOR), dtype=torch.float32) / FP8_MAX
         codes = to_e4m3(kf / s).float()
         sv = torch.ones(L, dtype=torch.float32, device=k.device) * s
-        return _QuantizedK(codes, sv, codes[:, :CONTENT_DIM], sv)
+        return QuantizedK(codes, sv, codes[:, :CONTENT_DIM], sv)
     if cfg.kv == "bf16":
         kb = kf.to(torch.bfloat16).float()
-        return _QuantizedK(kb, ones, kb[:, :CONTENT_DIM], ones)
+        return QuantizedK(kb, ones, kb[:, :CONTENT_DIM], ones)
     if cfg.kv == "tile128":
         # 128-channel tiles, scale 2^ceil(log2(amax/448)); code·scale is exact in bf16
         codes, sc = pow2_tile_codes(kf[:, :CONTENT_DIM])
         deq = (codes.float() * sc).view(L, CONTENT_DIM)
         ones = torch.ones(L, dtype=torch.float32, device=k.device)
-        return _QuantizedK(torch.cat([deq, kf[:, CONTENT_DIM:].to(torch.bfloat16).float()], -1), ones, deq, ones)
+        return QuantizedK(torch.cat([deq, kf[:, CONTENT_DIM:].to(torch.bfloat16).float()], -1), ones, deq, ones)
     if cfg.kv == "per_token":  # Config A
         s = row_scale(kf)
         codes = to_e4m3(kf * (1.0 / s).unsqueeze(-1)).float()
-        return _QuantizedK(codes, s, codes[:, :CONTENT_DIM], s)
+        return QuantizedK(codes, s, codes[:, :CONTENT_DIM], s)
     rope = kf[:, CONTENT_DIM:].to(torch.bfloat16).float()
     if cfg.kv in ("per_tensor_static", "per_tensor_dynamic"):
         if cfg.kv == "per_tensor_static":
@@ -171,7 +171,7 @@ def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) ->
         # RoPE kept high precision; pre-divided by the (shared) scale as in Eq. 6
         rope_codes = (rope / s).to(torch.bfloat16).float()
         sv = ones * s
-        return _QuantizedK(torch.cat([codes, rope_codes], -1), sv, codes, sv)
+        return QuantizedK(torch.cat([codes, rope_codes], -1), sv, codes, sv)
     if cfg.kv == "per_block":
         # Content in (block tokens x block channels) tiles, each with its own scale. The scale
         # varies along channels, so it cannot fold into the per-token QK/PV factors: QK uses
@@ -183,7 +183,7 @@ def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) ->
         tiles = c.view(Lp // B, B, CONTENT_DIM // B, B)
         s = tiles.abs().amax(dim=(1, 3), keepdim=True).clamp(min=AMAX_FLOOR) / FP8_MAX
         deq = (to_e4m3(tiles * (1.0 / s)).float() * s).view(Lp, CONTENT_DIM)[:L]
-        return _QuantizedK(torch.cat([deq, rope], -1), ones, deq, ones)
+        return QuantizedK(torch.cat([deq, rope], -1), ones, deq, ones)
     raise ValueError(f"unknown KV quantization {cfg.kv!r}")
 
 
@@ -192,7 +192,7 @@ def _quantize_k(k: torch.Tensor, cfg: QuantConfig, tensor_amax: float | None) ->
 # --------------------------------------------------------------------------------------------
 
 
-def _qk(q_codes: torch.Tensor, kq: _QuantizedK, mma: str) -> torch.Tensor:
+def _qk(q_codes: torch.Tensor, kq: QuantizedK, mma: str) -> torch.Tensor:
     """The QK accumulator ``[R, L]``: with ``mma="hopper"`` 16 e4m3 instructions (for a split
     query's lo codes, ``q_codes [R, 576 + 512]``, each k-step's hi then lo: 32) and 4 bf16
     RoPE ones on one accumulator, as the kernel issues them; fp32 matmuls otherwise."""
@@ -215,7 +215,7 @@ def _qk(q_codes: torch.Tensor, kq: _QuantizedK, mma: str) -> torch.Tensor:
     return tensor_core_mma(rope, k_rope, acc, kind="bf16")
 
 
-def _scores(q_codes, q_scale, kq: _QuantizedK, vis, softmax_scale: float, mma: str, key_mask=None):
+def _scores(q_codes, q_scale, kq: QuantizedK, vis, softmax_scale: float, mma: str, key_mask=None):
     """QK (FP8 content and BF16 RoPE into one fp32 accumulator, Eq. 6) as the kernel scales
     it: ``t = acc·σ_k`` with keys past ``vis`` at -inf, and ``q_fac = σ_q·scale·log2e``. The
     kernel takes a block's max of s = t·q_fac as q_fac·max(t) (equal: rounding is monotone)
@@ -232,10 +232,10 @@ def _scores(q_codes, q_scale, kq: _QuantizedK, vis, softmax_scale: float, mma: s
     return torch.where(keep, t2, torch.tensor(-math.inf, device=dev)), q_fac
 
 
-def _decode_one(
+def decode_one(
     q_codes: torch.Tensor,
     q_scale: torch.Tensor,
-    kq: _QuantizedK,
+    kq: QuantizedK,
     vis: torch.Tensor,
     softmax_scale: float,
     mma: str = "exact",
@@ -303,7 +303,7 @@ _P_FORMATS = {"e4m3": (torch.float8_e4m3fn, FP8_MAX), "e5m2": (torch.float8_e5m2
 
 
 def _decode_one_p_variant(q_codes, q_scale, kq, vis, softmax_scale, mma, p, p_block):
-    """``_decode_one`` with another P format or P'-block length (``QuantConfig.p``,
+    """``decode_one`` with another P format or P'-block length (``QuantConfig.p``,
     ``p_block``): the same QK, scores and online softmax per 64-key block, o and ℓ kept in
     true units (fp32), each block's P·V from its quantized P in true units."""
     R, L = q_codes.shape[0], kq.qk_codes.shape[0]
@@ -394,23 +394,23 @@ def mla_decode_emulated(
     if not fp8_cache and cfg.kv in ("per_tensor_dynamic", "per_tensor_all"):
         dims = HEAD_DIM if cfg.kv == "per_tensor_all" else CONTENT_DIM
         tensor_amax = max(
-            (float(_gather(cache, block_table, bi, L)[:, :dims].float().abs().max()) for bi, L in enumerate(lens) if L),
+            (float(gather_pages(cache, block_table, bi, L)[:, :dims].float().abs().max()) for bi, L in enumerate(lens) if L),
             default=0.0,
         )
-    q_codes, q_scale = _quantize_q(q, cfg)
+    q_codes, q_scale = quantize_q_codes(q, cfg)
     for bi, L in enumerate(lens):
         if L == 0:
             continue
         if fp8_cache:
             kv, kv_scale = cache
-            content, rope = unpack_kv_rows(_gather(kv, block_table, bi, L).to(dev))
-            s_k = _gather(kv_scale, block_table, bi, L).to(dev).float()
-            kq = _QuantizedK(torch.cat([content.float(), rope.float()], -1), s_k, content.float(), s_k)
+            content, rope = unpack_kv_rows(gather_pages(kv, block_table, bi, L).to(dev))
+            s_k = gather_pages(kv_scale, block_table, bi, L).to(dev).float()
+            kq = QuantizedK(torch.cat([content.float(), rope.float()], -1), s_k, content.float(), s_k)
         else:
-            kq = _quantize_k(_gather(cache, block_table, bi, L).to(dev), cfg, tensor_amax)
+            kq = _quantize_k(gather_pages(cache, block_table, bi, L).to(dev), cfg, tensor_amax)
         vis_b = None if vis_rows is None else vis_rows[bi]
-        vis = torch.tensor(_visible_lengths(L, s_q, causal, vis_b), device=dev).repeat_interleave(h)
-        o, l_ = _decode_one(
+        vis = torch.tensor(visible_lengths(L, s_q, causal, vis_b), device=dev).repeat_interleave(h)
+        o, l_ = decode_one(
             q_codes[bi].reshape(s_q * h, -1), q_scale[bi].reshape(s_q * h), kq, vis, scale, mma,
             cfg.p, cfg.p_block,
         )

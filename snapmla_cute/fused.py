@@ -15,12 +15,13 @@ from snapmla_cute.checks import check_cuda as _check_cuda
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
-from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, Q_PRECISIONS, ROPE_DIM
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
 from snapmla_cute.kernels import append_kv as _append_kv
 from snapmla_cute.kernels import dequant_kv as _dequant_kv
 from snapmla_cute.kernels import quant_q as _quant_q
 from snapmla_cute.kv_cache import FP8KVCache
-from snapmla_cute.tuning import _launcher
+from snapmla_cute.tuning import launcher
+from snapmla_cute.validation import check_precision
 
 _hot_quant: dict = {}  # (q.shape, precision) -> quantize_q's compiled call (shapes already run once)
 
@@ -40,24 +41,17 @@ def _run(compile_fn, key, make_config, args, validate):
     dtypes, shapes, strides and devices, and a rejected call is explained by ``validate``
     (the Python checks, which raise what was expected and what came; nothing is written)."""
     try:
-        fn = _launcher(compile_fn, key, make_config)
+        fn = launcher(compile_fn, key, make_config)
         fn(*args)
     except Exception:
         validate()
         raise  # the Python checks found nothing: the compiled call's own error stands
 
 
-def _check_precision(precision) -> bool:
-    """True for the accurate mode ("e4m3x2"); a clear error for anything but the two names."""
-    if precision not in Q_PRECISIONS:
-        raise ValueError(f"q_precision: expected one of {Q_PRECISIONS}, got {precision!r}")
-    return precision == "e4m3x2"
-
-
 def _validate_quantize_q(q, out, precision="e4m3"):
     _check_tensor("q", q, torch.bfloat16, dim=4, last=HEAD_DIM)
     _check_cuda(q=q)
-    split = _check_precision(precision)
+    split = check_precision(precision)
     if out is not None:
         names = "(q_nope, q_rope, q_scale, q_lo)" if split else "(q_nope, q_rope, q_scale)"
         if not isinstance(out, (tuple, list)) or len(out) != 3 + split:
@@ -122,7 +116,7 @@ def quantize_q(
                 torch.empty(*lead, dtype=torch.float32, device=q.device),
             ) + ((torch.empty(*lead, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=q.device),)
                  if precision == "e4m3x2" else ())
-    split = _check_precision(precision)
+    split = check_precision(precision)
     validate = lambda: _validate_quantize_q(q, out, precision)  # noqa: E731
     if _explained(validate, lambda: q.numel()):
         key = (*q.shape[1:3], split) if split else q.shape[1:3]
@@ -131,7 +125,7 @@ def quantize_q(
             lambda: _quant_q.QuantQCallConfig(q.shape[1], q.shape[2], _quant_q.QuantQConfig(split=split)),
             (q, *out, *lo_absent), validate,
         )
-        _hot_quant[(q.shape, precision)] = _launcher(_quant_q.compile_call, key)  # cached by _run
+        _hot_quant[(q.shape, precision)] = launcher(_quant_q.compile_call, key)  # cached by _run
     return tuple(out)
 
 

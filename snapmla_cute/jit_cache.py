@@ -32,7 +32,7 @@ _fingerprint: str | None = None
 # packages are found through their imported ``__path__`` (layouts/ and pipelines/ live at the
 # top of a checkout and are mapped under snapmla_cute only by the install)
 _TRACED_PACKAGES = ("snapmla_cute.kernels", "snapmla_cute.layouts", "snapmla_cute.pipelines")
-_TRACED_MODULES = ("snapmla_cute.format", "snapmla_cute.jit_cache", "snapmla_cute.ptx")
+_TRACED_MODULES = ("snapmla_cute.format", "snapmla_cute.heads", "snapmla_cute.jit_cache", "snapmla_cute.ptx")
 
 
 def fingerprint_files() -> dict[str, Path]:

@@ -1,6 +1,7 @@
 """The split-KV plan of a decode, host side: the plan's buffers (``DecodeMetadata``, made by
 ``decode_metadata``), what is chosen before a launch (parts per query tile, parts per
-cluster, the scheduler's constants of a shape: ``plan_config``), and the supported shapes.
+cluster, the scheduler's constants of a shape: ``plan_config``). The supported head
+counts and the head-group plan's rule are ``heads``'.
 
 The plan itself is computed on the device (``kernels.decode_scheduler``, and inside the
 decode kernel at every call), so a captured CUDA graph replays with new lengths. The same
@@ -27,10 +28,18 @@ from snapmla_cute.kernels.decode_scheduler import (
     SPLIT_FIXED_UNITS,
     SchedulerConfig,
 )
-from snapmla_cute.tuning import DECODE_TUNING, _launcher
+from snapmla_cute.heads import (
+    CLUSTER_SM_COUNTS,
+    HEAD_GROUP_PARTS,
+    HEADS,
+    MAX_S_Q,
+    check_head_groups,
+    default_head_groups,
+    head_group_cluster,
+    m_tiles as query_tiles,
+)
+from snapmla_cute.tuning import DECODE_TUNING, launcher
 
-HEADS = (8, 16, 32, 64, 128)  # 8: 128 heads at TP16, 64 at TP8
-MAX_S_Q = 8  # speculative decoding windows up to 7 draft tokens
 
 
 class DecodeMetadata:
@@ -56,7 +65,7 @@ class DecodeMetadata:
         self.o_partial = torch.empty(max_splits, rows, CONTENT_DIM, dtype=torch.float32, device=device)
         self.lse_partial = torch.empty(max_splits, rows, dtype=torch.float32, device=device)
         # per (request, m-tile): splits counted, mergers done; the last merger zeroes both
-        self.counters = torch.zeros(n, 2 * ((rows + 63) // 64), dtype=torch.int32, device=device)
+        self.counters = torch.zeros(n, 2 * query_tiles(rows), dtype=torch.int32, device=device)
         # the quantized query of a bf16 q, so a captured decode allocates nothing
         self.q_nope = torch.empty(batch, s_q, heads, CONTENT_DIM, dtype=torch.float8_e4m3fn, device=device)
         self.q_rope = torch.empty(batch, s_q, heads, ROPE_DIM, dtype=torch.bfloat16, device=device)
@@ -81,8 +90,8 @@ class DecodeMetadata:
         rows = s_q * heads
         batch = split_offsets.shape[0] - 1 if isinstance(split_offsets, torch.Tensor) and split_offsets.dim() == 1 else -1
         _check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, lists=batch, rows=rows,
-                            counters_shape=(batch, 2 * ((rows + 63) // 64)), max_lists=MAX_BATCH,
-                            max_parts=_merge_max_splits())
+                            counters_shape=(batch, 2 * query_tiles(rows)), max_lists=MAX_BATCH,
+                            max_parts=merge_max_splits())
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.num_parts = batch, s_q, heads, sched.shape[0]
         md.cluster, md.head_groups, md.max_seqlen = 1, 1, None  # the custom op's metadata: plain launches
@@ -98,13 +107,13 @@ class DecodeMetadata:
         g = self.head_groups
         c = plan_config(self.s_q, self.heads // g)
         lens = cache_seqlens.repeat_interleave(g) if g > 1 else cache_seqlens  # the kernel's requests
-        _launcher(_scheduler.compile)(lens, self.sched, self.split_offsets, c.split_units, c.stream_parts)
+        launcher(_scheduler.compile)(lens, self.sched, self.split_offsets, c.split_units, c.stream_parts)
 
 
 _MERGE_MAX_SPLITS = []
 
 
-def _merge_max_splits() -> int:
+def merge_max_splits() -> int:
     """Splits one request may have (the in-kernel merge's room); imported on first use."""
     if not _MERGE_MAX_SPLITS:
         from snapmla_cute.kernels.decode.config import MERGE_MAX_SPLITS
@@ -113,7 +122,7 @@ def _merge_max_splits() -> int:
     return _MERGE_MAX_SPLITS[0]
 
 
-def _num_sms(device) -> int:
+def device_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -124,7 +133,7 @@ def plan_config(s_q: int, heads: int, *, sparse: bool = False, cluster: int = 1)
     decode kernel runs."""
     from snapmla_cute.kernels.decode.config import DecodeConfig
 
-    tuning = {"cluster": cluster, **{k: v for k, v in DECODE_TUNING.items() if k in ("whole_plans", "cluster")}}
+    tuning = {"cluster": DECODE_TUNING.get("cluster", cluster)}
     return DecodeConfig(heads=heads, s_q=1 if sparse else s_q, page_size=1 if sparse else 64, causal=False,
                         sparse=sparse, **tuning).scheduler
 
@@ -181,21 +190,21 @@ def decode_metadata(
         raise ValueError(f"max_seqlen: expected None or an int in [0, {MAX_SEQLEN}], got {max_seqlen!r}")
     _check_cuda(cache_seqlens=cache_seqlens)
     batch = cache_seqlens.shape[0]
-    sms = _num_sms(cache_seqlens.device)
+    sms = device_sms(cache_seqlens.device)
     if head_groups is None:
         head_groups, k = 1, None
         if num_parts is None and cluster is None and max_seqlen is not None:
-            head_groups, k = default_head_groups(batch, s_q, heads, max_seqlen, sms)
+            head_groups, k = default_head_groups(batch, s_q, heads, max_seqlen, sms, "cluster" in DECODE_TUNING)
         cluster = cluster if head_groups == 1 else k
     else:
-        _check_head_groups(head_groups, s_q, heads, batch)
+        check_head_groups(head_groups, s_q, heads, batch)
         if head_groups > 1 and cluster is None:
             cluster = head_group_cluster(batch, head_groups)
     rows = s_q * heads // head_groups
-    m_tiles = (rows + 63) // 64
+    m_tiles = query_tiles(rows)
     # one wave (the launch is cooperative), and no more splits per request than the
     # in-kernel merge has room for
-    slots = max(1, min(sms // m_tiles, _merge_max_splits()))
+    slots = max(1, min(sms // m_tiles, merge_max_splits()))
     if head_groups > 1 and num_parts is None:
         num_parts = batch * head_groups * cluster  # one cluster a kernel request
         if num_parts > slots:
@@ -222,74 +231,6 @@ def decode_metadata(
     return md
 
 
-# the head-group plan (``DecodeStepConfig.head_groups``): a request's heads in groups of
-# HEAD_GROUP_HEADS, each group a kernel request on a cluster of k CTAs whose portions merge
-# on-chip, HEAD_GROUP_PARTS CTAs at most. ``default_head_groups`` takes it where it was
-# measured faster than the plain plans (H100, graph replay, ``profiles/NOTES.md``, "Small
-# batches: the head-group plan"): batches 1-4 at 64 and 128 heads and 5-8 at 64 heads (at 128
-# the 64 CTAs leave k = 1 past batch 4), up to 1024 tokens, a CTA's share at most 5 KV blocks
-# (b4 h128 s_k1024 at 8 blocks a CTA: 18.9 against 16.8 µs; b8 h64 s_k640 at 5: 14.8
-# against 17.1).
-HEAD_GROUP_HEADS = 16
-HEAD_GROUP_PARTS = 64
-HEAD_GROUP_MIN_HEADS = 64
-HEAD_GROUP_MAX_BATCH = 8
-HEAD_GROUP_MAX_SEQLEN = 1024
-HEAD_GROUP_MAX_BLOCKS = 5
-
-
-def default_head_groups(batch: int, s_q: int, heads: int, max_seqlen: int, num_sms: int = 132) -> tuple[int, int]:
-    """``(head groups, parts per cluster)`` for a decode whose lengths never pass
-    ``max_seqlen``: ``(heads / 16, k)``, k = ``head_group_cluster(b, g)``, for one query token, at
-    least ``HEAD_GROUP_MIN_HEADS`` heads, batches up to ``HEAD_GROUP_MAX_BATCH``,
-    ``max_seqlen`` up to ``HEAD_GROUP_MAX_SEQLEN`` and at most ``HEAD_GROUP_MAX_BLOCKS`` KV
-    blocks a CTA, on a device whose cluster launches were measured (``CLUSTER_SM_COUNTS``);
-    else ``(1, 1)``."""
-    g = heads // HEAD_GROUP_HEADS
-    if (s_q != 1 or heads < HEAD_GROUP_MIN_HEADS or not 1 <= batch <= HEAD_GROUP_MAX_BATCH
-            or num_sms not in CLUSTER_SM_COUNTS or "cluster" in DECODE_TUNING or max_seqlen > HEAD_GROUP_MAX_SEQLEN):
-        return 1, 1
-    k = head_group_cluster(batch, g)
-    blocks = -(-clamp_len_host(max_seqlen) // 64)
-    if k < 2 or -(-blocks // k) > HEAD_GROUP_MAX_BLOCKS:
-        return 1, 1
-    return g, k
-
-
-def head_group_steps(num_sms: int = 132) -> list[tuple[int, int]]:
-    """Every ``(head groups, parts per cluster)`` that ``default_head_groups`` picks on a
-    ``num_sms`` device (the steps to compile ahead), 128 heads first, by batch. At one token
-    a CTA takes one block, so only the heads and the batch decide."""
-    picks = [default_head_groups(b, 1, h, 1, num_sms) for h in sorted(HEADS, reverse=True)
-             for b in range(1, HEAD_GROUP_MAX_BATCH + 1)]
-    return list(dict.fromkeys(p for p in picks if p != (1, 1)))
-
-
-def head_group_cluster(batch: int, head_groups: int) -> int:
-    """Parts per cluster of the head-group plan: the largest of 2, 4, 8 that keeps b·g·k
-    within ``HEAD_GROUP_PARTS``, else 1 (b·g·k then b·g)."""
-    x = max(1, min(8, HEAD_GROUP_PARTS // (batch * head_groups)))
-    return 1 << (x.bit_length() - 1)
-
-
-def _check_head_groups(head_groups, s_q: int, heads: int, batch: int) -> None:
-    """``decode_metadata``'s explicit ``head_groups``: the int 1, or heads / 16 (at least 2) at
-    s_q 1 with at most ``MAX_BATCH`` kernel requests (the plans' prefix sums have that room)."""
-    g = heads // HEAD_GROUP_HEADS
-    allowed = (1, g) if g >= 2 else (1,)
-    if (isinstance(head_groups, bool) or not isinstance(head_groups, int) or head_groups not in allowed
-            or (head_groups > 1 and s_q != 1)):
-        raise ValueError(f"head_groups: expected one of {allowed} (heads / {HEAD_GROUP_HEADS}, at s_q 1) for heads "
-                         f"{heads} and s_q {s_q}, got {head_groups!r}")
-    if batch * head_groups > MAX_BATCH:
-        raise ValueError(f"head_groups: {batch} requests x {head_groups} groups exceed {MAX_BATCH} kernel requests")
-
-
-# devices whose one wave of 2-CTA clusters was measured to fit every part (the launch is
-# cooperative: a cluster that does not fit fails it). The H100 SXM and the H200 (132 SMs) take
-# 66 clusters of two but not 32 of four at 128 parts (28 do); the head-group plan's 64 CTAs
-# in clusters of 4 or 8 fit on the H100 (not yet tried on the H200).
-CLUSTER_SM_COUNTS = (132,)
 
 
 def default_cluster(lengths, num_parts: int, cfg, num_sms: int = 132) -> int:
@@ -304,7 +245,7 @@ def default_cluster(lengths, num_parts: int, cfg, num_sms: int = 132) -> int:
     return 2 if plan_of(lengths, num_parts, cfg) == PLAN_CLUSTER else 1
 
 
-def _check_cluster_parts(metadata) -> None:
+def check_cluster_parts(metadata) -> None:
     """A clustered launch needs a part count the cluster divides (``DECODE_TUNING`` may set
     clusters of 4 or 8; the metadata's own choice always fits)."""
     k = DECODE_TUNING.get("cluster", metadata.cluster)

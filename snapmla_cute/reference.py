@@ -123,7 +123,7 @@ def quantize_kv_cache(k_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 # --------------------------------------------------------------------------------------------
 
 
-def _visible_lengths(L: int, s_q: int, causal: bool, visible=None) -> list[int]:
+def visible_lengths(L: int, s_q: int, causal: bool, visible=None) -> list[int]:
     """Keys visible to each of the s_q query tokens of a request with L cached tokens;
     ``visible`` (its s_q counts, ``mla_decode``'s ``visible``) clamped as the kernel does."""
     if not causal:
@@ -133,7 +133,7 @@ def _visible_lengths(L: int, s_q: int, causal: bool, visible=None) -> list[int]:
     return [max(0, min(L, max(int(visible[i]), L - s_q + i + 1))) for i in range(s_q)]
 
 
-def _gather(pages: torch.Tensor, block_table: torch.Tensor, b: int, L: int) -> torch.Tensor:
+def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, b: int, L: int) -> torch.Tensor:
     """Tokens 0..L-1 of request b from a paged tensor ``[P, page_size, ...]``."""
     page_size = pages.shape[1]
     n_pages = (L + page_size - 1) // page_size
@@ -174,8 +174,8 @@ def mla_decode_exact(
         L = int(lens[bi])
         if L == 0:
             continue
-        k = _gather(k_pages, block_table, bi, L).to(q.device, torch.float64)
-        for i, n_vis in enumerate(_visible_lengths(L, s_q, causal, None if vis_rows is None else vis_rows[bi])):
+        k = gather_pages(k_pages, block_table, bi, L).to(q.device, torch.float64)
+        for i, n_vis in enumerate(visible_lengths(L, s_q, causal, None if vis_rows is None else vis_rows[bi])):
             if n_vis == 0:
                 continue
             qi = q[bi, i].to(torch.float64)  # [h, 576]

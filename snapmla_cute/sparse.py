@@ -20,27 +20,32 @@ from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
 from snapmla_cute.checks import check_values as _check_values
-from snapmla_cute.decode import _check_query_precision, _check_split_capture, _hot_precision, _is_split, _step_query
 from snapmla_cute.fused import quantize_q
 from snapmla_cute.format import CONTENT_DIM, ROPE_DIM
 from snapmla_cute.kernels.decode_scheduler import MAX_BATCH as _MAX_BATCH
 from snapmla_cute.kernels.decode_scheduler import MAX_SEQLEN as _MAX_SEQLEN
+from snapmla_cute.heads import SPARSE_HEADS, SPARSE_MAX_S_Q
+from snapmla_cute.heads import m_tiles as query_tiles
 from snapmla_cute.kv_cache import FP8KVCache
 from snapmla_cute.planning import (
-    _check_cluster_parts,
-    _merge_max_splits,
-    _num_sms,
+    check_cluster_parts,
+    merge_max_splits,
+    device_sms,
     default_cluster,
     default_num_parts,
     plan_config,
 )
-from snapmla_cute.tuning import DECODE_TUNING, _hot_table, _launcher
-from snapmla_cute.validation import _decode_reads, _query_values, _validate_outputs, _validate_query
+from snapmla_cute.steps import (
+    HOT_SPARSE,
+    check_query_precision,
+    check_split_capture,
+    hot_precision,
+    is_split,
+    sparse_step,
+    step_args,
+)
+from snapmla_cute.validation import decode_reads, query_values, validate_outputs, validate_query
 
-_hot_sparse = _hot_table()  # (heads, s_q, bf16 q, cluster, q_split) -> compiled sparse step
-
-SPARSE_HEADS = (8, 16, 32, 64, 128)
-SPARSE_MAX_S_Q = 8
 
 
 class SparseDecodeMetadata:
@@ -51,7 +56,7 @@ class SparseDecodeMetadata:
 
     def __init__(self, batch: int, s_q: int, heads: int, topk: int, num_parts: int, device):
         n = batch * s_q
-        m_tiles = (heads + 63) // 64
+        m_tiles = query_tiles(heads)
         self.batch, self.s_q, self.heads, self.topk, self.num_parts = batch, s_q, heads, topk, num_parts
         self.cluster = 1  # parts per cluster of the launch (``sparse_decode_metadata`` may choose 2)
         self.sched = torch.zeros(num_parts, 8, dtype=torch.int32, device=device)
@@ -86,8 +91,8 @@ class SparseDecodeMetadata:
         lists = split_offsets.shape[0] - 1 if isinstance(split_offsets, torch.Tensor) and split_offsets.dim() == 1 else -1
         batch = lists // s_q if lists % s_q == 0 else -1
         _check_plan_buffers(sched, split_offsets, o_partial, lse_partial, counters, lists=batch * s_q, rows=heads,
-                            counters_shape=(batch, s_q, 2 * ((heads + 63) // 64)), max_lists=_MAX_BATCH,
-                            max_parts=_merge_max_splits())
+                            counters_shape=(batch, s_q, 2 * query_tiles(heads)), max_lists=_MAX_BATCH,
+                            max_parts=merge_max_splits())
         md = cls.__new__(cls)
         md.batch, md.s_q, md.heads, md.topk = batch, s_q, heads, topk
         md.num_parts = sched.shape[0]
@@ -114,46 +119,16 @@ def sparse_decode_metadata(
         raise ValueError(f"heads: expected one of {SPARSE_HEADS}, got {heads!r}")
     if device.type != "cuda":
         raise ValueError(f"device: expected a CUDA device, got {device}")
-    m_tiles = (heads + 63) // 64
-    slots = max(1, min(_num_sms(device) // m_tiles, _merge_max_splits()))
+    m_tiles = query_tiles(heads)
+    slots = max(1, min(device_sms(device) // m_tiles, merge_max_splits()))
     if num_parts is None:
         num_parts = default_num_parts(batch * s_q, m_tiles, slots * m_tiles)
     elif isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= slots:
         raise ValueError(f"num_parts: expected an int in [1, {slots}] (SMs / query tiles), got {num_parts!r}")
     md = SparseDecodeMetadata(batch, s_q, heads, topk, num_parts, device)
     md.cluster = default_cluster([topk] * (batch * s_q), num_parts, plan_config(1, heads, sparse=True, cluster=2),
-                                 _num_sms(device))
+                                 device_sms(device))
     return md
-
-
-def _sparse_launcher(heads: int, s_q: int, bf16_q: bool, cluster: int = 1, q_split: bool = False):
-    from snapmla_cute.kernels.decode import compile as decode_compile
-
-    tuning = tuple(sorted(DECODE_TUNING.items())) if DECODE_TUNING else ()
-
-    def make():
-        from snapmla_cute.kernels.decode import DecodeConfig
-        from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig
-
-        from snapmla_cute.kernels.decode.config import Q_SPLIT_KV_STAGES
-
-        split = {"q_split": True, "kv_stages": Q_SPLIT_KV_STAGES} if q_split else {}
-        cfg = DecodeConfig(heads=heads, s_q=1, page_size=1, causal=False, sparse=True,
-                           **{**split, "cluster": cluster, **DECODE_TUNING})
-        return DecodeSparseStepConfig(cfg, s_q)
-
-    step = decode_compile.compile_sparse_q if bf16_q else decode_compile.compile_sparse
-    fn = _launcher(step, ("sparse", heads, s_q, tuning, cluster) + (("q_split",) if q_split else ()), make)
-    _hot_sparse[(heads, s_q, bf16_q, cluster, q_split)] = fn
-    return fn
-
-
-def _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale):
-    """``(bf16 q?, the compiled sparse step's arguments)``, no checks; no visible counts (a
-    dense step's), the bf16 query or None last (``decode._step_query``)."""
-    bf16_q, head, q_bf16, scale = _step_query(q, metadata, softmax_scale)
-    args = (*head[:3], indices, lengths, out, lse, *cache.slot_args, *metadata.step_args, scale, None, q_bf16)
-    return bf16_q, args + (head[3] if len(head) > 3 else None,)  # q_lo last, None otherwise
 
 
 def mla_decode_sparse(
@@ -187,11 +162,11 @@ def mla_decode_sparse(
     ``check=False``, ``metadata``, ``out`` and ``lse`` given, a call is one compiled call
     (its argument decoder checks every tensor).
     """
-    if not check and metadata is not None and out is not None and lse is not None and _hot_precision(q, q_precision):
+    if not check and metadata is not None and out is not None and lse is not None and hot_precision(q, q_precision):
         try:
             lengths = metadata.full_lengths if topk_length is None else topk_length
-            bf16_q, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
-            fn = _hot_sparse[(metadata.heads, metadata.s_q, bf16_q, metadata.cluster, _is_split(q))]
+            bf16_q, args = step_args(q, indices, lengths, out, lse, cache.slot_args, metadata, softmax_scale)
+            fn = HOT_SPARSE[(metadata.heads, metadata.s_q, bf16_q, metadata.cluster, is_split(q))]
             if topk_length is None and metadata.topk != indices.shape[-1]:
                 fn = None  # the metadata's full lengths are another topk's: the checks below say so
         except (KeyError, AttributeError, TypeError, IndexError):
@@ -204,13 +179,13 @@ def mla_decode_sparse(
                 raise
             return out, lse
     b, s_q, h, topk, q_dev = _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, out, lse)
-    _check_query_precision(q, q_precision)
+    check_query_precision(q, q_precision)
     bf16_q = not isinstance(q, (tuple, list))
     if check:
         checks = {"slots": (("indices", indices, cache.num_slots),)}
         if topk_length is not None:
             checks["ranges"] = (("topk_length", topk_length, 0, topk),)
-        checks["finite"] = _query_values(q)
+        checks["finite"] = query_values(q)
         _check_values(**checks)
     _check_capture_ready("mla_decode_sparse", "sparse_decode_metadata", metadata, out, lse)
     if metadata is None:
@@ -227,17 +202,17 @@ def mla_decode_sparse(
     if lse is None:
         lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q_dev)
     if bf16_q and q_precision == "e4m3x2":  # the accurate mode quantizes apart (hi + lo), checks done
-        _check_split_capture("mla_decode_sparse")
+        check_split_capture("mla_decode_sparse")
         q, bf16_q = quantize_q(q, check=False, precision=q_precision), False
-    _, args = _sparse_args(q, cache, indices, lengths, metadata, out, lse, softmax_scale)
-    _check_cluster_parts(metadata)
-    _sparse_launcher(h, s_q, bf16_q, metadata.cluster, _is_split(q))(*args)
+    _, args = step_args(q, indices, lengths, out, lse, cache.slot_args, metadata, softmax_scale)
+    check_cluster_parts(metadata)
+    sparse_step(h, s_q, bf16_q, metadata.cluster, is_split(q))(*args)
     return out, lse
 
 
 def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, out, lse):
     """Every structural check of a sparse call (no host sync). Returns ``(b, s_q, h, topk, device)``."""
-    b, s_q, h, q_dev = _validate_query(q, cache, SPARSE_HEADS, SPARSE_MAX_S_Q)
+    b, s_q, h, q_dev = validate_query(q, cache, SPARSE_HEADS, SPARSE_MAX_S_Q)
     if b < 1:
         raise ValueError(f"q: expected a batch of at least 1, got {b}")
     _check_softmax_scale(softmax_scale)
@@ -252,7 +227,7 @@ def _validate_sparse(q, cache, indices, topk_length, softmax_scale, metadata, ou
         if topk_length.shape[0] != b:
             raise ValueError(f"topk_length: expected shape ({b},), got {tuple(topk_length.shape)}")
         _check_same_device(q=q_dev, topk_length=topk_length)
-    _validate_outputs(out, lse, b, s_q, h, q_dev, _decode_reads(q, cache))
+    validate_outputs(out, lse, b, s_q, h, q_dev, decode_reads(q, cache))
     if metadata is not None:
         if not isinstance(metadata, SparseDecodeMetadata):
             raise TypeError(

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from snapmla_cute.emulation import SNAPMLA, _decode_one, _quantize_q, _QuantizedK
+from snapmla_cute.emulation import SNAPMLA, decode_one, quantize_q_codes, QuantizedK
 from snapmla_cute.reference import CONTENT_DIM, HEAD_DIM, default_softmax_scale, unpack_kv_rows
 
 
@@ -85,7 +85,7 @@ def mla_decode_sparse_emulated(
     dev = q.device
     out = torch.zeros(b, s_q, h, CONTENT_DIM, dtype=torch.float32, device=dev)
     lse = torch.full((b, h, s_q), -math.inf, dtype=torch.float32, device=dev)
-    q_codes, q_scale = _quantize_q(q, SNAPMLA if config is None else config)
+    q_codes, q_scale = quantize_q_codes(q, SNAPMLA if config is None else config)
     for bi, row in enumerate(sparse_lists(indices, topk_length, kv.shape[0])):
         for t, (ids, valid) in enumerate(row):
             if ids.numel() == 0:
@@ -97,9 +97,9 @@ def mla_decode_sparse_emulated(
             v = valid.to(dev) & (s_k > 0)
             codes = torch.where(v[:, None], torch.cat([content.float(), rope.float()], -1), 0.0)  # zero-filled
             s_k = torch.where(v, s_k, 0.0)
-            kq = _QuantizedK(codes, s_k, codes[:, :CONTENT_DIM], s_k)
+            kq = QuantizedK(codes, s_k, codes[:, :CONTENT_DIM], s_k)
             vis = torch.full((h,), ids.numel(), device=dev)
-            o, l_ = _decode_one(q_codes[bi, t], q_scale[bi, t], kq, vis, scale, "hopper", key_mask=v)
+            o, l_ = decode_one(q_codes[bi, t], q_scale[bi, t], kq, vis, scale, "hopper", key_mask=v)
             out[bi, t] = o
             lse[bi, :, t] = l_
     return out, lse

@@ -1,18 +1,18 @@
 """Which compiled kernel an API call runs: the table of compiled calls every API module
-fetches its kernels from (``_launcher``), and the decode's tuning (``DECODE_TUNING``:
+fetches its kernels from (``launcher``), and the decode's tuning (``DECODE_TUNING``:
 DecodeConfig fields beyond the shape, part of every decode step's compile key).
 
-The hot paths look their compiled steps up by shape alone, in tables made by ``_hot_table``;
+The hot paths look their compiled steps up by shape alone, in tables made by ``hot_table``;
 any change of ``DECODE_TUNING`` empties those tables, so the next call compiles anew.
 """
 
 from __future__ import annotations
 
 _launchers: dict = {}
-_hot_tables: list = []  # the hot paths' tables of compiled steps (``_hot_table``)
+_hot_tables: list = []  # the hot paths' tables of compiled steps (``hot_table``)
 
 
-def _launcher(compile_fn, key: tuple = (), make_config=None):
+def launcher(compile_fn, key: tuple = (), make_config=None):
     """The compiled TVM-FFI callable of a kernel module's ``compile``, looked up once per
     ``key``; ``make_config`` builds its config on the first call (default config without it)."""
     fn = _launchers.get((compile_fn, key))
@@ -22,7 +22,7 @@ def _launcher(compile_fn, key: tuple = (), make_config=None):
     return fn
 
 
-def _hot_table() -> dict:
+def hot_table() -> dict:
     """A new, empty table of a hot path's compiled steps, keyed without the tuning: every
     change of ``DECODE_TUNING`` empties it."""
     table: dict = {}
@@ -32,7 +32,7 @@ def _hot_table() -> dict:
 
 class _Tuning(dict):
     """DecodeConfig fields beyond the shape (tile/schedule choices, profiling skips). Any
-    change drops the hot paths' tables of compiled steps (``_hot_table``: dense and
+    change drops the hot paths' tables of compiled steps (``hot_table``: dense and
     sparse), so the next call recompiles."""
 
     def _changed(self):

@@ -14,13 +14,22 @@ from snapmla_cute.checks import check_disjoint as _check_disjoint
 from snapmla_cute.checks import check_same_device as _check_same_device
 from snapmla_cute.checks import check_softmax_scale as _check_softmax_scale
 from snapmla_cute.checks import check_tensor as _check_tensor
-from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, ROPE_DIM
+from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, Q_PRECISIONS, ROPE_DIM
 from snapmla_cute.kernels import decode_scheduler as _scheduler
 from snapmla_cute.kv_cache import FP8KVCache
-from snapmla_cute.planning import HEADS, MAX_S_Q, DecodeMetadata
+from snapmla_cute.heads import HEADS, MAX_S_Q
+from snapmla_cute.planning import DecodeMetadata
 
 
-def _query_values(q) -> tuple:
+def check_precision(precision) -> bool:
+    """True for the accurate mode ("e4m3x2"); a clear error for anything but the two names
+    (``format.Q_PRECISIONS``)."""
+    if precision not in Q_PRECISIONS:
+        raise ValueError(f"q_precision: expected one of {Q_PRECISIONS}, got {precision!r}")
+    return precision == "e4m3x2"
+
+
+def query_values(q) -> tuple:
     """The query tensors whose values ``check=True`` reads (finite): a NaN or Inf in any of
     them makes every output of its row NaN."""
     if isinstance(q, (tuple, list)):
@@ -28,7 +37,7 @@ def _query_values(q) -> tuple:
     return (("q", q),)
 
 
-def _table_stats(block_table, cache_seqlens, cache):
+def table_stats(block_table, cache_seqlens, cache):
     """``check_values``' extra: the lengths' range and the first page id of the block table
     that a request uses and the cache does not hold, read in the check's one sync. An id
     outside the cache is read as zeros by the kernel (a key of score 0, not a masked one)."""
@@ -66,7 +75,7 @@ def _table_stats(block_table, cache_seqlens, cache):
     return stats, check
 
 
-def _validate_query(q, cache, heads: tuple, max_s_q: int):
+def validate_query(q, cache, heads: tuple, max_s_q: int):
     """The query (bf16 tensor or quantized tuple) and cache checks shared by the dense and
     sparse decodes. Returns ``(b, s_q, h, device)``."""
     if isinstance(q, (tuple, list)):
@@ -105,7 +114,7 @@ def _validate_query(q, cache, heads: tuple, max_s_q: int):
     return b, s_q, h, q_dev
 
 
-def _validate_outputs(out, lse, b, s_q, h, q_dev, read=None):
+def validate_outputs(out, lse, b, s_q, h, q_dev, read=None):
     """``out`` bf16 [b, s_q, h, 512] and ``lse`` fp32 [b, h, s_q] on q's device, if given, in
     memory of their own: not each other's, nor that of any tensor of ``read`` (name: tensor,
     what the call reads while it writes them)."""
@@ -125,16 +134,16 @@ def _validate_outputs(out, lse, b, s_q, h, q_dev, read=None):
         _check_disjoint({"out": out, "lse": lse}, read or {})
 
 
-def _decode_reads(q, cache) -> dict:
+def decode_reads(q, cache) -> dict:
     """What a decode reads while it writes ``out`` and ``lse``: the query and the cache."""
-    return dict(_query_values(q), kv=cache.kv, kv_scale=cache.kv_scale)
+    return dict(query_values(q), kv=cache.kv, kv_scale=cache.kv_scale)
 
 
-def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal=False,
+def validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metadata, out, lse, causal=False,
                      visible=None):
     """Every structural check of a decode call (no host sync); raises with what was expected
     and what came. Returns ``(b, s_q, h, device)``."""
-    b, s_q, h, q_dev = _validate_query(q, cache, HEADS, MAX_S_Q)
+    b, s_q, h, q_dev = validate_query(q, cache, HEADS, MAX_S_Q)
     _check_softmax_scale(softmax_scale)
     _check_tensor("block_table", block_table, torch.int32, dim=2, rows_strided=True)
     _check_tensor("cache_seqlens", cache_seqlens, torch.int32, dim=1)
@@ -144,7 +153,7 @@ def _validate_decode(q, cache, block_table, cache_seqlens, softmax_scale, metada
         )
     _check_cuda(block_table=block_table, cache_seqlens=cache_seqlens, cache=cache.kv)
     _check_same_device(q=q_dev, cache=cache.kv, block_table=block_table, cache_seqlens=cache_seqlens)
-    _validate_outputs(out, lse, b, s_q, h, q_dev, _decode_reads(q, cache))
+    validate_outputs(out, lse, b, s_q, h, q_dev, decode_reads(q, cache))
     if visible is not None:
         if not causal:
             raise ValueError("visible: given with causal=False (it sets the causal limit of each query token)")

@@ -9,7 +9,7 @@ from decode_cases import build_case  # noqa: E402
 
 from snapmla_cute import decode_metadata, emulation, mla_decode  # noqa: E402
 from snapmla_cute import reference as ref  # noqa: E402
-from snapmla_cute.kernels.decode import DecodeConfig  # noqa: E402
+from snapmla_cute.kernels.decode.config import MERGE_FEW  # noqa: E402
 from snapmla_cute.planning import schedule_reference  # noqa: E402
 
 for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
@@ -19,9 +19,9 @@ for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
     torch.cuda.synchronize()
     sched, offsets = schedule_reference([L, L], parts)
     kv, ks = c["cache"].kv, c["cache"].kv_scale
-    content, rope = ref.unpack_kv_rows(ref._gather(kv, c["block_table"], 0, L))
-    s_k = ref._gather(ks, c["block_table"], 0, L).float()
-    q_codes, q_scale = emulation._quantize_q(c["q"], emulation.SNAPMLA)
+    content, rope = ref.unpack_kv_rows(ref.gather_pages(kv, c["block_table"], 0, L))
+    s_k = ref.gather_pages(ks, c["block_table"], 0, L).float()
+    q_codes, q_scale = emulation.quantize_q_codes(c["q"], emulation.SNAPMLA)
     errs = []
     for row in sched:
         if row[0] != 0:
@@ -29,12 +29,12 @@ for L, parts in [(640, 66), (8192, 1), (65536, 1)]:
         lo = row[1] * 64
         hi = (row[3] * 64 if row[2] == 0 else L)
         split = row[4]
-        kq = emulation._QuantizedK(torch.cat([content.float(), rope.float()], -1)[lo:hi], s_k[lo:hi], content.float()[lo:hi], s_k[lo:hi])
-        o, l_ = emulation._decode_one(q_codes[0].reshape(128, 576), q_scale[0].reshape(128), kq, torch.full((128,), hi - lo, device="cuda"), ref.default_softmax_scale(), "hopper")
+        kq = emulation.QuantizedK(torch.cat([content.float(), rope.float()], -1)[lo:hi], s_k[lo:hi], content.float()[lo:hi], s_k[lo:hi])
+        o, l_ = emulation.decode_one(q_codes[0].reshape(128, 576), q_scale[0].reshape(128), kq, torch.full((128,), hi - lo, device="cuda"), ref.default_softmax_scale(), "hopper")
         n_splits = offsets[1] - offsets[0]
         if n_splits > 1:
             slot = md.o_partial[offsets[0] + split]  # fp32 (R, 512)
-            if n_splits <= DecodeConfig(heads=128, s_q=1, page_size=64, causal=False).merge_few:
+            if n_splits <= MERGE_FEW:
                 # o/ℓ·f as f16 in the slot's first half, then 1/f per row
                 R = slot.shape[0]
                 flat = slot.reshape(-1)

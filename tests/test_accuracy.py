@@ -35,7 +35,7 @@ def test_realistic_pages_hold_each_request_in_position_order():
     gen = torch.Generator().manual_seed(3)
     k_seq, _, _ = acc._realistic_keys(2, 320, gen)
     for i in range(2):
-        got = ref._gather(k_pages, bt, i, 300)
+        got = ref.gather_pages(k_pages, bt, i, 300)
         assert torch.equal(got, k_seq[i, :300].to(torch.bfloat16))
 
 
@@ -43,7 +43,7 @@ def test_realistic_pages_hold_each_request_in_position_order():
 def test_logits_have_the_intended_spread(dist):
     q, k_pages, bt, lens = _case(dist)
     for i in range(2):
-        k = ref._gather(k_pages, bt, i, int(lens[i])).double()
+        k = ref.gather_pages(k_pages, bt, i, int(lens[i])).double()
         s = (q[i, 0].double() @ k.T) * ref.default_softmax_scale()
         sd = s.std(-1)
         widest = (s - s.mean(-1, keepdim=True)).abs().amax(-1)
@@ -54,7 +54,7 @@ def test_logits_have_the_intended_spread(dist):
 
 def test_stress_set_spreads_per_token_scales_inside_blocks():
     q, k_pages, bt, lens = _case("stress", L=2048)
-    k = ref._gather(k_pages, bt, 0, 2048).float()
+    k = ref.gather_pages(k_pages, bt, 0, 2048).float()
     amax = k[:, :512].abs().amax(-1).view(-1, 64)
     ratio = amax.amax(-1) / amax.amin(-1)
     assert (ratio > 1e3).float().mean() > 0.5, ratio
@@ -82,12 +82,12 @@ def test_p_variant_path_equals_the_kernel_path_for_the_kernels_p():
     result (units of 1/σ_p) up to fp32 rounding with fp32 GEMMs, so the P variants compare
     like for like (with the tensor-core adder the two differ by its truncation, ~1e-4)."""
     q, k_pages, bt, lens = _case("stress")
-    codes, scale = emulation._quantize_q(q.reshape(-1, 576), emulation.SNAPMLA)
-    kq = emulation._quantize_k(ref._gather(k_pages, bt, 0, 1024), emulation.SNAPMLA, None)
+    codes, scale = emulation.quantize_q_codes(q.reshape(-1, 576), emulation.SNAPMLA)
+    kq = emulation._quantize_k(ref.gather_pages(k_pages, bt, 0, 1024), emulation.SNAPMLA, None)
     vis = torch.full((16,), 1024)
     for mma, tol in (("exact", 2e-6), ("hopper", 3e-4)):
         args = (codes[:16], scale[:16], kq, vis, ref.default_softmax_scale(), mma)
-        o1, l1 = emulation._decode_one(*args)
+        o1, l1 = emulation.decode_one(*args)
         o2, l2 = emulation._decode_one_p_variant(*args, "e4m3", 64)
         assert ref.rel_l2(o2, o1) < tol and float((l1 - l2).abs().max()) < 1e-5, mma
 
@@ -110,7 +110,7 @@ def test_flashmla_dense_fp8_quantizes_rope_and_v32_scales_are_powers_of_two():
     dense = emulation.mla_decode_emulated(q, k_pages, bt, lens, config="flashmla_fp8")
     # RoPE outlier channels in e4m3 with one per-tensor scale: the logits suffer (paper §3.1)
     assert ref.lse_max_abs(dense[1], lse_x) > 3 * ref.lse_max_abs(snap[1], lse_x)
-    k = ref._gather(k_pages, bt, 0, 2048)
+    k = ref.gather_pages(k_pages, bt, 0, 2048)
     kq = emulation._quantize_k(k, emulation.V32_TILE128, None)
     assert torch.equal(kq.qk_codes[:, 512:], k[:, 512:].float())  # RoPE kept bf16
     tiles = k[:, :512].float().view(-1, 4, 128)
@@ -138,8 +138,8 @@ def test_study_tables_and_cli(capsys):
 def test_split_query_keeps_hi_plus_lo_and_removes_most_of_qs_error():
     q, k_pages, bt, lens = _case("realistic")
     split = emulation.SNAPMLA_X2
-    codes, scale = emulation._quantize_q(q, split)
-    plain, scale0 = emulation._quantize_q(q, emulation.SNAPMLA)
+    codes, scale = emulation.quantize_q_codes(q, split)
+    plain, scale0 = emulation.quantize_q_codes(q, emulation.SNAPMLA)
     assert codes.shape[-1] == 576 + 512 and torch.equal(scale, scale0)
     assert torch.equal(codes[..., :576], plain)  # hi and RoPE are the plain codes
     want = q[..., :512].float() / scale.unsqueeze(-1)

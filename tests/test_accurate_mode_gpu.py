@@ -39,7 +39,7 @@ def _check(c, out, lse, causal):
 def test_quantize_q_split_is_bit_exact_with_the_emulation():
     q = (torch.randn(3, 2, 16, 576, device="cuda") * torch.logspace(-3, 2, 576, device="cuda")).bfloat16()
     q_nope, q_rope, q_scale, q_lo = quantize_q(q, precision="e4m3x2")
-    codes, scale = emulation._quantize_q(q.float().cpu(), emulation.SNAPMLA_X2)
+    codes, scale = emulation.quantize_q_codes(q.float().cpu(), emulation.SNAPMLA_X2)
     assert torch.equal(q_scale.cpu(), scale)
     assert torch.equal(q_nope.float().cpu(), codes[..., :512])
     assert torch.equal(q_rope.float().cpu(), codes[..., 512:576])

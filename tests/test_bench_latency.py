@@ -95,7 +95,7 @@ def stand_ins(monkeypatch):
     from test_peers import FakeFlashMLA, dense_inputs, sparse_inputs
 
     import snapmla_cute
-    from snapmla_cute import bench_sparse, decode, emulation, peers, sparse_reference
+    from snapmla_cute import bench_sparse, emulation, peers, sparse_reference, steps
     from snapmla_cute import reference as ref
 
     def decode_case(b, h, s_q, lens, page_size=64, causal=False):
@@ -122,7 +122,7 @@ def stand_ins(monkeypatch):
         monkeypatch.setattr(mod, "measure_copy_tbps", lambda: 3.0)
         monkeypatch.setattr(mod, "time_us", lambda fn: 8.0)
         monkeypatch.setattr(mod, "host_us_per_call", lambda fn: 6.0)
-    monkeypatch.setattr(decode, "_step_call", lambda *a: (lambda: None, ()))
+    monkeypatch.setattr(steps, "dense_call", lambda *a: (lambda: None, ()))
     monkeypatch.setattr(bench_sparse, "sparse_case_tokens", sparse_case_tokens)
     monkeypatch.setattr(bench_sparse, "time_us", lambda fn: 8.0)
     monkeypatch.setattr(bench_sparse, "measure_copy_tbps", lambda: 3.0)

@@ -23,14 +23,16 @@ def test_no_variant_violates(report):
 
 
 def test_decode_variants_run_fp8_and_bf16_warpgroup_mmas(report):
+    from snapmla_cute.pipelines import roles
+
     decode = [r for r in report if r["kernel"] == "decode"]
     assert len(decode) >= 4
     for r in decode:
         # per 64-token block: 16 QK k-blocks (e4m3) + PV k-blocks, RoPE QK in bf16
         assert r["qgmma"] >= 16 and r["hgmma"] >= 4, r
         assert r["local_ld"] == r["local_st"] == 0, r
-        # the consumer budget set by setmaxnreg (roles.layout: 224 beside the transposer WG)
-        assert r["max_reg_used"] <= (240 if "transposer=False" in r["variant"] else 224), r
+        # the consumer budget set by setmaxnreg (roles.LAYOUT: 224 beside the transposer WG)
+        assert r["max_reg_used"] <= roles.CONSUMER_REGS, r
 
 
 def test_violations_are_detected():
@@ -169,6 +171,6 @@ def test_variant_keys_name_the_shape_and_only_non_default_fields():
     from snapmla_cute.kernels.decode import DecodeConfig
 
     assert variant_key("decode", DecodeConfig(128, 1, 64, False)) == "decode [heads=128 s_q=1 page_size=64 causal=False]"
-    assert variant_key("decode", DecodeConfig(16, 4, 16, True, transposer=False)).endswith("causal=True transposer=False]")
+    assert variant_key("decode", DecodeConfig(16, 4, 16, True, kv_stages=3)).endswith("causal=True kv_stages=3]")
     keys = [variant_key(name, cfg) for name, _, cfg in all_variants()]
     assert len(set(keys)) == len(keys), "two variants share a digest key"

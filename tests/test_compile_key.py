@@ -121,7 +121,7 @@ def test_every_schedule_switch_is_set_outside_the_kernel():
     or a profiling script runs them; a switch nobody sets should be deleted, not kept."""
     from snapmla_cute.kernels.decode import DecodeConfig
 
-    profiling = {"skip", "trace", "trace_loop"}
+    profiling = {"skip", "trace"}
     schedule = [f for f in dataclasses.fields(DecodeConfig)
                 if f.default is not dataclasses.MISSING and f.name not in profiling]
     assert schedule

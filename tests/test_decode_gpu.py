@@ -8,7 +8,7 @@ import torch
 
 from decode_cases import build_case, host_syncs, references
 from snapmla_cute import decode_metadata, emulation, mla_decode, quantize_q
-from snapmla_cute.kernels.decode import DecodeConfig
+from snapmla_cute.kernels.decode.config import MERGE_FEW
 from snapmla_cute import reference as ref
 from snapmla_cute.tensor_core import tensor_core_mma
 
@@ -84,57 +84,6 @@ def test_large_batch(seed):
     _run_and_check(256, 1, 32, 64, lens, False, seed=seed)
 
 
-@pytest.mark.parametrize("h, s_q, page_size, causal", [(128, 1, 64, False), (16, 4, 16, True), (64, 2, 128, True)])
-def test_without_the_transposer_warpgroup(seed, h, s_q, page_size, causal):
-    """``DecodeConfig.transposer=False`` (each consumer transposes its own blocks; the
-    default uses the transposer WG, which every other test covers): block edges, an empty
-    request, a long one, split ones, and one request over many parts."""
-    from snapmla_cute.tuning import DECODE_TUNING
-
-    rng = random.Random(seed)
-    lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
-    DECODE_TUNING.update(transposer=False)
-    try:
-        _run_and_check(len(lens), s_q, h, page_size, lens, causal, seed=seed)
-        _run_and_check(1, s_q, h, page_size, [777], causal, seed=seed)
-    finally:
-        DECODE_TUNING.clear()
-
-
-@pytest.mark.parametrize("h, s_q, page_size, causal", [(128, 1, 64, False), (16, 4, 16, True)])
-def test_natural_token_order(seed, h, s_q, page_size, causal):
-    """``DecodeConfig.pi_order=False`` (Vᵀ and P in token order, P permuted across each
-    quad with shuffles; the default uses the order π, which every other test covers), with
-    and without the transposer warpgroup: block edges, an empty request, split ones."""
-    from snapmla_cute.tuning import DECODE_TUNING
-
-    rng = random.Random(seed)
-    lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
-    for transposer in (True, False):
-        DECODE_TUNING.update(pi_order=False, transposer=transposer)
-        try:
-            _run_and_check(len(lens), s_q, h, page_size, lens, causal, seed=seed)
-        finally:
-            DECODE_TUNING.clear()
-
-
-def test_waiting_for_the_other_warpgroups_blocks(seed):
-    """``DecodeConfig.other_kv_wait=True, vt_wait_both=True, p_stsm=False``: each consumer
-    also waits for the TMA of the other consumer's blocks and for the transposer's signal of
-    both blocks of its PV (the default leaves those implied waits out), and stores P with
-    scalar stores instead of stmatrix."""
-    from snapmla_cute.tuning import DECODE_TUNING
-
-    rng = random.Random(seed)
-    lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
-    DECODE_TUNING.update(other_kv_wait=True, vt_wait_both=True, p_stsm=False)
-    try:
-        _run_and_check(len(lens), 1, 128, 64, lens, False, seed=seed)
-        _run_and_check(len(lens), 4, 16, 16, lens, True, seed=seed)
-    finally:
-        DECODE_TUNING.clear()
-
-
 def test_kv_loads_without_the_l2_hint(seed):
     """``DecodeConfig.kv_evict_first=False``: the KV loads at L2's default policy (the
     default hints evict-first where at most two query tiles read a block, h64 here). A cache
@@ -152,15 +101,14 @@ def test_kv_loads_without_the_l2_hint(seed):
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
 
 
-def test_other_pipeline_depths(seed):
-    """``DecodeConfig.kv_stages=3, pv_temps=1, qk_early=False``: a shallower KV ring, one PV
-    temporary (each GEMM waits for the previous add), and QK of a block issued when its
-    owner reaches it (the defaults, 4 / 2 / early, are what every other test runs)."""
+def test_three_kv_stages(seed):
+    """``DecodeConfig.kv_stages=3`` (the accurate mode's ring, beside its second Q tile) with
+    the default query: a shallower KV ring (the default 4 is what every other test runs)."""
     from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed)
     lens = [rng.randint(1, 200), 64, 0, rng.randint(5000, 9000), 1]
-    DECODE_TUNING.update(kv_stages=3, pv_temps=1, qk_early=False)
+    DECODE_TUNING.update(kv_stages=3)
     try:
         _run_and_check(len(lens), 1, 128, 64, lens, False, seed=seed)
         _run_and_check(len(lens), 3, 32, 32, lens, True, seed=seed)
@@ -321,7 +269,7 @@ def test_device_scheduler_matches_reference(parts, units, stream):
     from snapmla_cute.kernels import decode_scheduler
     from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
     from snapmla_cute.planning import schedule_reference
-    from snapmla_cute.tuning import _launcher
+    from snapmla_cute.tuning import launcher
 
     rng = random.Random(parts)
     cfg = SchedulerConfig(split_units=units, stream_parts=stream)
@@ -332,7 +280,7 @@ def test_device_scheduler_matches_reference(parts, units, stream):
             lens = [rng.choice([0, 1, rng.randint(500, 1500)]) for _ in range(rng.randint(1, parts))]
         sched = torch.full((parts, 8), -7, dtype=torch.int32, device="cuda")
         offsets = torch.full((len(lens) + 1,), -7, dtype=torch.int32, device="cuda")
-        _launcher(decode_scheduler.compile)(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets,
+        launcher(decode_scheduler.compile)(torch.tensor(lens, dtype=torch.int32, device="cuda"), sched, offsets,
                                             units, stream)
         want_sched, want_offsets = schedule_reference(lens, parts, cfg)
         assert sched.cpu().tolist() == want_sched, lens
@@ -378,35 +326,30 @@ def test_whole_request_plan(seed, b, h, parts):
     """Batches that fit the parts, with lengths that would be cut by the split plan: part p
     takes request p whole (the one-warp plan at b <= 32, the CTA-wide one past it), empty
     and one-token requests among them; the plan the kernel ran is the reference's and the
-    outputs match the emulation, then again with the split-everywhere plan."""
+    outputs match the emulation. (The split-everywhere plan, once a switch, is at cc70d70;
+    the split plan runs wherever the rule takes it, in the tests above.)"""
     from snapmla_cute.planning import plan_config, schedule_reference
-    from snapmla_cute.tuning import DECODE_TUNING
 
     rng = random.Random(seed * 31 + b)
     lens = [0, 1] + [rng.randint(700, 1300) for _ in range(b - 2)]
     c = build_case(b, 1, h, 64, lens, seed=seed)
     (ox, lx), (oe, le) = references(c, False)
-    for whole in (True, False):
-        DECODE_TUNING.update(whole_plans=whole)
-        try:
-            md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
-            md.cluster = 1  # whole requests or splits, not the cluster plan
-            sched, offsets = schedule_reference(lens, parts, plan_config(1, h))
-            assert (offsets[-1] == b) == whole, offsets[-1]  # whole requests only with the rule
-            md.sched.fill_(-7)
-            md.split_offsets.fill_(-7)
-            out = torch.full((b, 1, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-            lse = torch.full((b, h, 1), float("nan"), device="cuda")
-            mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
-        finally:
-            DECODE_TUNING.clear()
-        assert md.sched.cpu().tolist() == sched, lens
-        assert md.split_offsets.cpu().tolist() == offsets, lens
-        assert torch.all(md.counters == 0)
-        assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
-        assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
-        assert ref.rel_l2(out.float(), ox) <= 5e-2
-        assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
+    md = decode_metadata(c["cache_seqlens"], s_q=1, heads=h, num_parts=parts)
+    md.cluster = 1  # whole requests or splits, not the cluster plan
+    sched, offsets = schedule_reference(lens, parts, plan_config(1, h))
+    assert offsets[-1] == b, offsets[-1]  # whole requests: one split each
+    md.sched.fill_(-7)
+    md.split_offsets.fill_(-7)
+    out = torch.full((b, 1, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((b, h, 1), float("nan"), device="cuda")
+    mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
+    assert md.sched.cpu().tolist() == sched, lens
+    assert md.split_offsets.cpu().tolist() == offsets, lens
+    assert torch.all(md.counters == 0)
+    assert ref.rel_l2(out.float(), oe.bfloat16().float()) <= EMU_REL, lens
+    assert ref.lse_max_abs(lse, le) <= EMU_LSE, lens
+    assert ref.rel_l2(out.float(), ox) <= 5e-2
+    assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
 
 
 @pytest.mark.parametrize("b, h, k, parts", [(60, 64, 2, 132), (30, 128, 2, 66), (28, 64, 4, 112), (12, 128, 4, 56),
@@ -451,7 +394,7 @@ def test_cluster_plan(seed, b, h, k, parts):
 def test_default_metadata_takes_clusters_where_they_pay():
     """b64 h64 s_k2048 (the cluster plan: 54.8 -> 44.9 µs on the H100) launches in clusters of
     two; b32 h64 s_k8192 (split over every SM) and b128 h128 do not."""
-    from snapmla_cute.planning import CLUSTER_SM_COUNTS
+    from snapmla_cute.heads import CLUSTER_SM_COUNTS
 
     lens = lambda b, L: torch.full((b,), L, dtype=torch.int32, device="cuda")  # noqa: E731
     if torch.cuda.get_device_properties(0).multi_processor_count not in CLUSTER_SM_COUNTS:
@@ -465,7 +408,7 @@ def test_default_metadata_takes_clusters_where_they_pay():
 def test_cluster_plan_by_default(seed, b, s_q, h, causal):
     """The metadata's own choice (no tuning): clusters of two, the cluster plan at every call,
     against the emulation and float64, s_q 2 causal included."""
-    from snapmla_cute.planning import CLUSTER_SM_COUNTS
+    from snapmla_cute.heads import CLUSTER_SM_COUNTS
 
     if torch.cuda.get_device_properties(0).multi_processor_count not in CLUSTER_SM_COUNTS:
         pytest.skip("clusters of two are not launched on this device")
@@ -485,12 +428,11 @@ def test_cluster_plan_by_default(seed, b, s_q, h, causal):
     assert torch.all(out[0] == 0) and torch.all(torch.isneginf(lse[0]))
 
 
-MERGE_FEW = DecodeConfig(heads=8, s_q=1, page_size=64, causal=False).merge_few
 
 
 @pytest.mark.parametrize("h, k", [(64, 2), (64, 3), (128, MERGE_FEW), (16, MERGE_FEW), (8, 2), (64, MERGE_FEW + 1)])
 def test_few_split_merge(seed, h, k):
-    """Equal requests cut into about k splits each: up to ``DecodeConfig.merge_few`` a
+    """Equal requests cut into about k splits each: up to ``config.MERGE_FEW`` a
     thread per row for the LSE and several items per thread at once, past it the general
     merge; partials poisoned with NaN before the call, against the emulation and float64."""
     b = 8
@@ -505,14 +447,14 @@ def test_few_split_merge(seed, h, k):
     mla_decode(c["q"], c["cache"], c["block_table"], c["cache_seqlens"], metadata=md, out=out, lse=lse)
     splits = md.split_offsets.diff()[:b].cpu()
     assert splits.min() >= 2, splits.tolist()
-    # each case pins one path: up to merge_few // 2 splits (more items per thread), up to
-    # merge_few, or past it the general merge for some request
+    # each case pins one path: up to MERGE_FEW // 2 splits (more items per thread), up to
+    # MERGE_FEW, or past it the general merge for some request
     if k <= MERGE_FEW // 2:
         assert splits.max() <= MERGE_FEW // 2, splits.tolist()
     elif k == MERGE_FEW:
         assert splits.min() > MERGE_FEW // 2 and splits.max() <= MERGE_FEW, splits.tolist()
     else:
-        # past merge_few for some requests (fp32 partials) and not for others (f16): both
+        # past MERGE_FEW for some requests (fp32 partials) and not for others (f16): both
         # formats in one launch's partial buffer
         assert splits.min() <= MERGE_FEW < splits.max(), splits.tolist()
     (ox, lx), (oe, le) = references(c, False)
@@ -525,7 +467,7 @@ def test_few_split_merge(seed, h, k):
 
 @pytest.mark.parametrize("magnitude", [2.0**20, 2.0**-20])
 def test_split_partials_at_extreme_magnitudes(seed, magnitude):
-    """A request of at most ``merge_few`` splits keeps its partials as f16, each row scaled
+    """A request of at most ``MERGE_FEW`` splits keeps its partials as f16, each row scaled
     by a power of two: KV values times 2^20 (outputs ~1e5, past f16's 65504) or 2^-20
     (~1e-7, below its normal range) with the scores unchanged (the softmax scale divided by
     the same), every request split so: the output is the emulation's, as close as at

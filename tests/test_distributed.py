@@ -83,9 +83,9 @@ def test_partials_share_one_exchange_row(b, s_q, h, world):
     """A rank's out and LSE are views of one byte row (one all-gather moves both); the
     gathered rows read back as every rank's out and LSE, each partial contiguous and
     16-byte aligned, which merge_partials' checks accept."""
-    from snapmla_cute.distributed import _check_stacked, _partial_buffers
+    from snapmla_cute.distributed import _check_stacked, partial_buffers
 
-    local_out, local_lse, outs, lses, send, gathered = _partial_buffers(b, s_q, h, world, "cpu")
+    local_out, local_lse, outs, lses, send, gathered = partial_buffers(b, s_q, h, world, "cpu")
     assert local_out.is_contiguous() and local_lse.is_contiguous()
     assert send.shape[0] % 256 == 0 and tuple(gathered.shape) == (world, send.shape[0])
     expect_out, expect_lse = [], []

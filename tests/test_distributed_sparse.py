@@ -193,7 +193,7 @@ def cpu_call(monkeypatch):
     for module in (ds, validation):
         monkeypatch.setattr(module, "_check_cuda", lambda **k: None)
     launched = lambda *a, **k: pytest.fail("launched")  # noqa: E731
-    for name in ("_translate", "mla_decode_sparse", "_exchange_and_merge"):
+    for name in ("_translate", "mla_decode_sparse", "exchange_and_merge"):
         monkeypatch.setattr(ds, name, launched)
     b, s_q, h, topk, ps = 2, 2, 16, 8, 64
     cache = FP8KVCache.allocate(4, ps, device="cpu")
@@ -296,7 +296,7 @@ def test_unchecked_values_reach_the_translation(cpu_call, monkeypatch):
     args, kw = cpu_call
     seen = []
     monkeypatch.setattr(ds, "_run_shard", lambda *a: seen.append(a))
-    monkeypatch.setattr(ds, "_exchange_and_merge", lambda *a: "merged")
+    monkeypatch.setattr(ds, "exchange_and_merge", lambda *a: "merged")
     assert _call(args, kw, topk_pos=torch.full((2, 2, 8), -2, dtype=torch.int32), check=False) == "merged"
     assert len(seen) == 1
 
@@ -313,7 +313,7 @@ def test_the_call_decodes_the_translated_lists(cpu_call, monkeypatch):
         return out, lse
 
     monkeypatch.setattr(ds, "mla_decode_sparse", decode)
-    monkeypatch.setattr(ds, "_exchange_and_merge", lambda md, group, out, lse: (md, group, out, lse))
+    monkeypatch.setattr(ds, "exchange_and_merge", lambda md, group, out, lse: (md, group, out, lse))
     pos = torch.tensor([[[0, 64, 65, -1, 99, 100, 3, 3]] * 2, [[4, 0, 5, 6, -1, 1, 2, 3]] * 2], dtype=torch.int32)
     md = kw["metadata"]
     r = _call(args, kw, topk_pos=pos, topk_length=torch.tensor([8, 3], dtype=torch.int32))

@@ -11,7 +11,7 @@ import torch
 from decode_cases import build_case, references
 from snapmla_cute import decode_metadata, mla_decode, quantize_q
 from snapmla_cute import reference as ref
-from snapmla_cute.planning import CLUSTER_SM_COUNTS, default_head_groups
+from snapmla_cute.heads import CLUSTER_SM_COUNTS, default_head_groups
 
 pytestmark = pytest.mark.gpu
 

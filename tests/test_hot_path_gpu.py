@@ -14,13 +14,13 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def counted_validation(monkeypatch):
     calls = []
-    real = decode._validate_decode
+    real = decode.validate_decode
 
     def counted(*a):
         calls.append(1)
         return real(*a)
 
-    monkeypatch.setattr(decode, "_validate_decode", counted)
+    monkeypatch.setattr(decode, "validate_decode", counted)
     return calls
 
 

@@ -169,7 +169,7 @@ def test_render_draws_a_tile():
 
 
 def test_p_stmatrix_rows_land_the_a_fragment_words_conflict_free():
-    """``DecodeConfig.p_stsm``: lane l of warp w gives stmatrix row (16w + l%8 + 8·(l/8 % 2),
+    """``Consumer.publish_p``: lane l of warp w gives stmatrix row (16w + l%8 + 8·(l/8 % 2),
     k-half 16·(l/16) + 32·kb) of the P tile; thread t's register j (the A-fragment word of
     row 16w + t/4 + 8·(j%2), k = 16·(j/2) + 32·kb + 4·(t%4)) then lands where the A-operand
     view stores it, and each 8-lane phase hits 8 distinct 16-byte bank groups."""

@@ -145,10 +145,10 @@ def test_online_implicit_dequant_equals_the_closed_form(seed):
     R, L = 8, 300
     k = (torch.randn(L, 576, generator=gen) / 10).bfloat16()
     c, r, s = ref.quantize_rows(k)
-    kq = emulation._QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
-    qc, qs = emulation._quantize_q(torch.randn(R, 576, generator=gen).bfloat16(), emulation.SNAPMLA)
+    kq = emulation.QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
+    qc, qs = emulation.quantize_q_codes(torch.randn(R, 576, generator=gen).bfloat16(), emulation.SNAPMLA)
     vis = torch.full((R,), L)
-    out, lse = emulation._decode_one(qc, qs, kq, vis, 0.05)
+    out, lse = emulation.decode_one(qc, qs, kq, vis, 0.05)
     s2 = (qc @ kq.qk_codes.T) * qs[:, None] * s[None, :] * torch.tensor(0.05 * ref.LOG2E)
     m_final = s2.amax(-1)
     num = torch.zeros(R, 512, dtype=torch.float64)
@@ -185,12 +185,12 @@ def _extreme_case(seed, softmax_scale):
     L = 256
     k = (torch.randn(L, 576, generator=gen) / 10).bfloat16()
     c, r, s = ref.quantize_rows(k)
-    kq = emulation._QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
-    qc, qs = emulation._quantize_q(torch.randn(4, 576, generator=gen).bfloat16(), emulation.SNAPMLA)
+    kq = emulation.QuantizedK(torch.cat([c.float(), r.float()], -1), s, c.float(), s)
+    qc, qs = emulation.quantize_q_codes(torch.randn(4, 576, generator=gen).bfloat16(), emulation.SNAPMLA)
     s64 = (qc.double() @ kq.qk_codes.double().T) * qs.double()[:, None] * s.double()[None, :] * softmax_scale
     want = torch.softmax(s64, -1) @ (kq.v_values.double() * s.double()[:, None])
     for mma in ("hopper", "exact"):
-        out, lse = emulation._decode_one(qc, qs, kq, torch.full((4,), L), softmax_scale, mma)
+        out, lse = emulation.decode_one(qc, qs, kq, torch.full((4,), L), softmax_scale, mma)
         assert torch.isfinite(out).all() and torch.isfinite(lse).all()
         if mma == "exact":  # (the tensor core's QK adder moves scores by ~1e-3 relative)
             assert ref.rel_l2(out, want) < 3e-2

@@ -113,10 +113,8 @@ def test_merge_counts_and_waiting_splits(parts, cfg):
 
 def test_few_split_merge_cases_take_each_merge_path():
     """The GPU merge test's equal requests (8 of 64 or 63 blocks over 8·k parts) must land on
-    each path of the merge: at most merge_few // 2 splits, up to merge_few, and past it."""
-    from snapmla_cute.kernels.decode import DecodeConfig
-
-    few = DecodeConfig(heads=8, s_q=1, page_size=64, causal=False).merge_few
+    each path of the merge: at most MERGE_FEW // 2 splits, up to MERGE_FEW, and past it."""
+    from snapmla_cute.kernels.decode.config import MERGE_FEW as few
     lens = [4096 - 64 * (i % 2) for i in range(8)]
 
     def splits(k):
@@ -204,10 +202,10 @@ def test_plan_config_of_the_decode_shapes():
     assert plan_config(1, 16) == SchedulerConfig(split_units=2, stream_parts=105)
     assert plan_config(2, 8) == SchedulerConfig(split_units=2, stream_parts=105)
     assert plan_config(1, 8, sparse=True) == SchedulerConfig(split_units=1, stream_parts=0)
-    assert DecodeConfig(heads=64, s_q=1, page_size=64, causal=False, whole_plans=False).scheduler == SchedulerConfig()
-    DECODE_TUNING.update(whole_plans=False)
+    assert DecodeConfig(heads=64, s_q=1, page_size=64, causal=False, cluster=2).scheduler == plan_config(1, 64, cluster=2)
+    DECODE_TUNING.update(cluster=4)
     try:
-        assert plan_config(1, 64) == SchedulerConfig()
+        assert plan_config(1, 64) == SchedulerConfig(split_units=6, stream_parts=105, cluster=4)
     finally:
         DECODE_TUNING.clear()
 
@@ -301,7 +299,7 @@ def test_default_head_groups():
     on 64 CTAs (k a cluster), one query token, batches 1-4 (128 heads) or 1-8 (64), a stated
     ``max_seqlen`` up to 1024 with at most 5 KV blocks a CTA, devices whose cluster launches
     were measured."""
-    from snapmla_cute.planning import default_head_groups, head_group_cluster, head_group_steps
+    from snapmla_cute.heads import default_head_groups, head_group_cluster, head_group_steps
 
     assert [default_head_groups(b, 1, 128, 640) for b in (1, 2, 3, 4, 5)] == [(8, 8), (8, 4), (8, 2), (8, 2), (1, 1)]
     assert [default_head_groups(b, 1, 64, 1024) for b in (1, 2, 3, 4)] == [(4, 8), (4, 8), (4, 4), (4, 4)]
@@ -326,7 +324,8 @@ def test_head_group_requests_take_the_cluster_plan(b, k):
     """The kernel's own rule, on the head-group plan's requests (16 heads, 64 parts), takes
     the cluster plan (a cluster a request) at the lengths the choice admits."""
     from snapmla_cute.kernels.decode_scheduler import PLAN_CLUSTER
-    from snapmla_cute.planning import HEAD_GROUP_MAX_SEQLEN, plan_config, plan_of
+    from snapmla_cute.heads import HEAD_GROUP_MAX_SEQLEN
+    from snapmla_cute.planning import plan_config, plan_of
 
     for length in (64 * 6, 640, HEAD_GROUP_MAX_SEQLEN):
         assert plan_of([length] * (8 * b), 8 * b * k, plan_config(1, 16, cluster=k)) == PLAN_CLUSTER
@@ -336,7 +335,7 @@ def test_explicit_head_groups_checked():
     """``decode_metadata(head_groups=...)``: the int 1 or heads / 16 (2 at least) at s_q 1,
     and at most MAX_BATCH kernel requests; anything else a ValueError naming it."""
     from snapmla_cute.kernels.decode_scheduler import MAX_BATCH
-    from snapmla_cute.planning import _check_head_groups
+    from snapmla_cute.heads import check_head_groups as _check_head_groups
 
     _check_head_groups(8, 1, 128, 4)
     _check_head_groups(4, 1, 64, 4)

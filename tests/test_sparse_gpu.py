@@ -8,7 +8,7 @@ import torch
 
 from snapmla_cute import FP8KVCache, mla_decode_sparse, quantize_q, sparse_decode_metadata, sparse_reference
 from snapmla_cute import reference as ref
-from snapmla_cute.sparse import SPARSE_HEADS
+from snapmla_cute.heads import SPARSE_HEADS
 
 pytestmark = pytest.mark.gpu
 
@@ -244,7 +244,7 @@ def test_custom_op(seed):
 def test_cluster_plan(seed):
     """Lists that fill half the SMs: the metadata launches in clusters of two and each list's
     halves merge on-chip (distributed shared memory), against the emulation and float64."""
-    from snapmla_cute.planning import CLUSTER_SM_COUNTS
+    from snapmla_cute.heads import CLUSTER_SM_COUNTS
 
     if torch.cuda.get_device_properties(0).multi_processor_count not in CLUSTER_SM_COUNTS:
         pytest.skip("clusters of two are not launched on this device")

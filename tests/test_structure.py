@@ -24,6 +24,7 @@ PACKAGE_DIRS = {
 API_MODULES = {
     "snapmla_cute",  # the package's __init__ re-exports the API
     "snapmla_cute.decode",
+    "snapmla_cute.steps",
     "snapmla_cute.fused",
     "snapmla_cute.planning",
     "snapmla_cute.tuning",
@@ -195,6 +196,53 @@ def test_kernel_sources_import_only_what_the_compile_key_covers():
     assert not outside, outside
 
 
+def test_kernel_functions_take_at_most_ten_parameters():
+    """A function under ``snapmla_cute/kernels/`` takes at most 10 parameters (``self`` and
+    ``cls`` aside): what travels together is a typed bundle (``kernels/decode/launch.py``,
+    ``args.py``), never a long positional list."""
+    long = []
+    for name, path in MODULES.items():
+        if not name.startswith("snapmla_cute.kernels"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+                n = len(params) + (a.vararg is not None) + (a.kwarg is not None)
+                if n > 10:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n})")
+    assert not long, long
+
+
+def test_few_private_names_cross_modules():
+    """What two modules share is a public name in a module named for its job: at most 10
+    underscore names imported from another module of ours (``from snapmla_cute.x import _y``)."""
+    private = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("snapmla_cute"):
+                private += [f"{name}: {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert len(private) <= 10, private
+
+
+def test_decode_config_holds_at_most_sixteen_fields():
+    """``DecodeConfig`` is the compile key of production launches: shape and mode, what the
+    library sets, and the timing-only ``skip``/``trace``; measured A/B switches leave the
+    tree (``profiles/NOTES.md``, "Schedule switches and fixed behaviour")."""
+    tree = ast.parse((ROOT / "snapmla_cute" / "kernels" / "decode" / "config.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DecodeConfig")
+    fields = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
+    assert 8 <= len(fields) <= 16, fields
+
+
+def test_experiments_stay_few():
+    """``profiles/experiments/`` keeps the scripts behind current figures (at most 15); the
+    others live in history, cited by hash (``profiles/README.md``)."""
+    scripts = [p.name for p in (ROOT / "profiles" / "experiments").iterdir() if p.is_file()]
+    assert len(scripts) <= 15, sorted(scripts)
+
+
 def test_reference_imports_only_pure_helpers():
     """The specification stands on its own: plain torch plus our pure helpers."""
     spec = {"snapmla_cute.reference", "snapmla_cute.emulation", "snapmla_cute.sparse_reference"}
@@ -213,9 +261,11 @@ ROLE_MODULES = {f"{DECODE}.{m}" for m in ("plan", "producer", "transposer", "con
 
 def test_decode_roles_do_not_import_the_wiring_or_each_other():
     """A role module never imports ``kernel`` (the wiring) or ``step``/``compile`` (what
-    launches it); of the other roles, only the consumer imports the ones it is handed
-    (epilogue, merger, transposer), and every role may read the plan (``PartWork``)."""
-    allowed_roles = {f"{DECODE}.consumer": {f"{DECODE}.{m}" for m in ("epilogue", "merge", "transposer", "plan")}}
+    launches it); of the other roles, the consumer imports the ones it is handed (epilogue,
+    merger) and the epilogue the merger (the final LSE and the cluster merges), and every
+    role may read the plan (``PartWork``)."""
+    allowed_roles = {f"{DECODE}.consumer": {f"{DECODE}.{m}" for m in ("epilogue", "merge", "plan")},
+                     f"{DECODE}.epilogue": {f"{DECODE}.merge"}}
     above = {f"{DECODE}.{m}" for m in ("kernel", "step", "compile")}
     bad = []
     for m in sorted(ROLE_MODULES):

@@ -49,7 +49,7 @@ def test_append_and_dequant_reject_cpu_and_types():
 def test_every_tuning_change_drops_the_compiled_steps():
     """DECODE_TUNING changes the compiled code: every way of mutating it must empty the hot
     path's table, or a call would keep running the old kernel."""
-    from snapmla_cute.decode import _hot_steps
+    from snapmla_cute.steps import HOT_DENSE as _hot_steps
     from snapmla_cute.tuning import DECODE_TUNING
 
     saved = dict(DECODE_TUNING)
@@ -57,14 +57,14 @@ def test_every_tuning_change_drops_the_compiled_steps():
         mutations = [
             lambda t: t.__setitem__("kv_stages", 3),
             lambda t: t.update(kv_stages=4),
-            lambda t: t.setdefault("pv_temps", 1),
-            lambda t: t.__ior__({"qk_early": True}),
-            lambda t: t.pop("qk_early"),
+            lambda t: t.setdefault("kv_evict_first", False),
+            lambda t: t.__ior__({"trace": True}),
+            lambda t: t.pop("trace"),
             lambda t: t.popitem(),
             lambda t: t.__delitem__("kv_stages"),
             lambda t: t.clear(),
         ]
-        DECODE_TUNING.update(kv_stages=4, pv_temps=1, qk_early=True)
+        DECODE_TUNING.update(kv_stages=4, kv_evict_first=False, trace=True)
         for mutate in mutations:
             _hot_steps["sentinel"] = object()
             mutate(DECODE_TUNING)
@@ -76,39 +76,44 @@ def test_every_tuning_change_drops_the_compiled_steps():
 
 
 def test_step_arguments_one_builder_for_every_path():
-    """The hot path and the full path build the compiled step's arguments with one helper:
-    a quantized q as a tuple or a list gives the same call, a bf16 q goes last with the
-    metadata's query buffers in front, and the softmax scale arrives in the log2 domain."""
+    """The hot path and the full path, dense and sparse, build the compiled step's arguments
+    with one helper into one bundle (``launch.StepArgs``): a quantized q as a tuple or a list
+    gives the same call, a bf16 q goes in ``q`` with the metadata's query buffers in front,
+    the accurate mode's q_lo last, and the softmax scale arrives in the log2 domain."""
     import math
     from types import SimpleNamespace
 
-    from snapmla_cute.decode import _step_args
+    from snapmla_cute.kernels.decode.launch import StepArgs
+    from snapmla_cute.steps import step_args
 
-    t = [torch.zeros(1) for _ in range(10)]
-    cache = SimpleNamespace(step_args=(t[0], t[1]), page_size=64)
-    md = SimpleNamespace(q_args=(t[2], t[3], t[4]), step_args=(t[5], t[6]))
-    qq = (t[7], t[8], t[9])
+    t = [torch.zeros(1) for _ in range(12)]
+    cache = (t[0], t[1])
+    md = SimpleNamespace(q_args=(t[2], t[3], t[4]), step_args=(t[5], t[6], t[7], t[8], t[9]))
+    qq = (t[10], t[11], torch.zeros(1))
     bt, lens, out, lse = (torch.zeros(1) for _ in range(4))
-    a = _step_args(qq, cache, bt, lens, md, out, lse, None)
-    b = _step_args(list(qq), cache, bt, lens, md, out, lse, None)
-    assert a[0] is False and b[0] is False and len(a[1]) == len(b[1]) == 15
+    a = step_args(qq, bt, lens, out, lse, cache, md, None)
+    b = step_args(list(qq), bt, lens, out, lse, cache, md, None)
+    assert a[0] is False and b[0] is False and isinstance(a[1], StepArgs) and len(a[1]) == len(StepArgs._fields)
     assert all(x is y for x, y in zip(a[1], b[1]))
-    assert a[1][:7] == (*qq, bt, lens, out, lse) and a[1][7:11] == (t[0], t[1], t[5], t[6])
-    assert a[1][11] == pytest.approx(576**-0.5 * math.log2(math.e))
+    args = a[1]
+    assert (args.q_nope, args.q_rope, args.q_scale) == qq and (args.table, args.lengths, args.out, args.lse) == (
+        bt, lens, out, lse)
+    assert (args.kv, args.kv_scale) == cache
+    assert (args.sched, args.split_offsets, args.o_partial, args.lse_partial, args.counters) == md.step_args
+    assert args.scale_log2 == pytest.approx(576**-0.5 * math.log2(math.e))
     # no visible counts, no bf16 query, no q_lo: a compiled call takes every optional tensor
-    assert a[1][12:] == (None, None, None)
+    assert (args.visible, args.q, args.q_lo) == (None, None, None)
     vis = torch.zeros(1)
-    assert _step_args(qq, cache, bt, lens, md, out, lse, None, vis)[1][12:] == (vis, None, None)
+    assert step_args(qq, bt, lens, out, lse, cache, md, None, vis)[1].visible is vis
     q_lo = torch.zeros(1)
-    split = _step_args((*qq, q_lo), cache, bt, lens, md, out, lse, None)[1]
-    assert split[:3] == qq and split[12:] == (None, None, q_lo)  # the accurate mode's q_lo last
+    split = step_args((*qq, q_lo), bt, lens, out, lse, cache, md, None)[1]
+    assert split[:3] == qq and split[-3:] == (None, None, q_lo)  # the accurate mode's q_lo last
     q = torch.zeros(1)
-    bf16_q, args = _step_args(q, cache, bt, lens, md, out, lse, 0.1)
-    # the bf16 query follows the (absent) visible counts: the step quantizes it into the
-    # metadata's query buffers, which take the quantized query's place
-    assert bf16_q is True and args[:3] == (t[2], t[3], t[4]) and args[3:7] == (bt, lens, out, lse)
-    assert args[-3] is None and args[-2] is q and args[-1] is None and len(args) == 15
-    assert args[-4] == pytest.approx(0.1 * math.log2(math.e))
+    bf16_q, args = step_args(q, bt, lens, out, lse, cache, md, 0.1)
+    # the step quantizes the bf16 query into the metadata's query buffers, which take the
+    # quantized query's place
+    assert bf16_q is True and args[:3] == (t[2], t[3], t[4]) and args.q is q and args.q_lo is None
+    assert args.scale_log2 == pytest.approx(0.1 * math.log2(math.e))
 
 
 @pytest.fixture
@@ -134,7 +139,7 @@ def test_block_table_ids_are_checked_where_requests_have_tokens(no_cuda_check):
     rejects it in a column a request uses, before any launch; unused columns may hold anything."""
     from snapmla_cute import mla_decode
     from snapmla_cute.checks import check_values
-    from snapmla_cute.validation import _table_stats
+    from snapmla_cute.validation import table_stats
 
     out = torch.full((2, 1, 16, 512), float("nan"), dtype=torch.bfloat16)
     for table, lens, where in (([[0, 1], [2, 999]], [100, 65], "got 999 at request 1, column 1"),
@@ -144,13 +149,13 @@ def test_block_table_ids_are_checked_where_requests_have_tokens(no_cuda_check):
             mla_decode(q, cache, bt, cl, out=out)
         assert torch.isnan(out.float()).all()  # nothing written
     q, cache, bt, cl = _dense_case([100, 64, 0], [[0, 1], [2, 999], [-1, -1]])
-    check_values(extra=_table_stats(bt, cl, cache))  # only used columns count
+    check_values(extra=table_stats(bt, cl, cache))  # only used columns count
     q, cache, bt, cl = _dense_case([100, 200], [[0, 1], [2, 3]])
     with pytest.raises(ValueError, match="block_table: a sequence of 200 tokens needs 4 pages, table has 2 columns"):
-        check_values(extra=_table_stats(bt, cl, cache))
+        check_values(extra=table_stats(bt, cl, cache))
     q, cache, bt, cl = _dense_case([100, -3], [[0, 1], [2, 3]])
     with pytest.raises(ValueError, match="cache_seqlens: expected values >= 0, got min -3"):
-        check_values(extra=_table_stats(bt, cl, cache))
+        check_values(extra=table_stats(bt, cl, cache))
 
 
 def test_quantized_query_values_are_checked(no_cuda_check):
@@ -246,6 +251,7 @@ def test_sparse_hot_path_explains_bad_indices(no_cuda_check, monkeypatch):
     """With check=False and a compiled step at hand, indices that are not a tensor fall back to
     the Python checks (a clear error), not an AttributeError."""
     import snapmla_cute.sparse as sp
+    from snapmla_cute import steps
 
     b, s_q, h = 2, 1, 16
     cache = FP8KVCache.allocate(4, 64, device="cpu")
@@ -255,7 +261,7 @@ def test_sparse_hot_path_explains_bad_indices(no_cuda_check, monkeypatch):
         torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512),
         torch.empty(3, h), torch.zeros(b, s_q, 2, dtype=torch.int32), torch.full((b,), 4, dtype=torch.int32),
         s_q=s_q, heads=h, topk=4)
-    monkeypatch.setitem(sp._hot_sparse, (h, s_q, False, smd.cluster, False), lambda *a: pytest.fail("launched"))
+    monkeypatch.setitem(steps.HOT_SPARSE, (h, s_q, False, smd.cluster, False), lambda *a: pytest.fail("launched"))
     out = torch.empty(b, s_q, h, 512, dtype=torch.bfloat16)
     lse = torch.empty(b, h, s_q)
     with pytest.raises(TypeError, match="indices: expected a torch.Tensor, got list"):
@@ -284,13 +290,13 @@ def test_lengths_past_the_plans_range_are_refused(no_cuda_check):
     import snapmla_cute.sparse as sp
     from snapmla_cute.checks import check_values
     from snapmla_cute.kernels.decode_scheduler import MAX_BATCH, MAX_SEQLEN
-    from snapmla_cute.validation import _table_stats
+    from snapmla_cute.validation import table_stats
 
     assert MAX_BATCH * (MAX_SEQLEN // 64 + 5) < 2**31
     cache = FP8KVCache.allocate(1, 64, device="cpu")
     bt = torch.zeros(1, 0, dtype=torch.int32)
     with pytest.raises(ValueError, match=f"cache_seqlens: expected values <= {MAX_SEQLEN} .*, got max {MAX_SEQLEN + 1}"):
-        check_values(extra=_table_stats(bt, torch.tensor([MAX_SEQLEN + 1], dtype=torch.int32), cache))
+        check_values(extra=table_stats(bt, torch.tensor([MAX_SEQLEN + 1], dtype=torch.int32), cache))
     with pytest.raises(ValueError, match=f"topk: expected an int in \\[1, {MAX_SEQLEN}\\]"):
         sp.sparse_decode_metadata(1, 1, 16, MAX_SEQLEN + 1, device="cpu")
 
@@ -365,6 +371,7 @@ def test_hot_path_takes_only_a_precision_that_agrees_with_the_query(no_cuda_chec
     contradicts the query's tensors, goes to the full path and its clear error, never to a
     launch; a precision that agrees launches the compiled step at once."""
     import snapmla_cute.sparse as sp
+    from snapmla_cute import steps
 
     b, s_q, h = 2, 1, 16
     cache = FP8KVCache.allocate(4, 64, device="cpu")
@@ -377,7 +384,7 @@ def test_hot_path_takes_only_a_precision_that_agrees_with_the_query(no_cuda_chec
         s_q=s_q, heads=h, topk=4)
     launched = []
     for split in (False, True):
-        monkeypatch.setitem(sp._hot_sparse, (h, s_q, False, smd.cluster, split), lambda *a: launched.append(a))
+        monkeypatch.setitem(steps.HOT_SPARSE, (h, s_q, False, smd.cluster, split), lambda *a: launched.append(a))
     out, lse = torch.empty(b, s_q, h, 512, dtype=torch.bfloat16), torch.empty(b, h, s_q)
     idx = torch.zeros(b, s_q, 4, dtype=torch.int32)
     for q, precision in ((hi, "e5m2"), (hi, "e4m3x2"), ((*hi, lo), "e4m3")):
@@ -392,8 +399,8 @@ def test_hot_path_takes_only_a_precision_that_agrees_with_the_query(no_cuda_chec
 def test_accurate_mode_bf16_query_is_refused_under_capture(no_cuda_check, monkeypatch):
     """A bf16 query with q_precision='e4m3x2' is quantized into new tensors: under capture
     it is refused before anything runs (the four tensors, made before capture, are the way)."""
-    import snapmla_cute.decode as dec
     import snapmla_cute.sparse as sp
+    from snapmla_cute import steps
 
     b, s_q, h = 2, 1, 16
     cache = FP8KVCache.allocate(4, 64, device="cpu")
@@ -401,9 +408,9 @@ def test_accurate_mode_bf16_query_is_refused_under_capture(no_cuda_check, monkey
         torch.zeros(1, 8, dtype=torch.int32), torch.zeros(b * s_q + 1, dtype=torch.int32), torch.empty(3, h, 512),
         torch.empty(3, h), torch.zeros(b, s_q, 2, dtype=torch.int32), torch.full((b,), 4, dtype=torch.int32),
         s_q=s_q, heads=h, topk=4)
-    monkeypatch.setattr(dec, "_capturing", lambda: True)
+    monkeypatch.setattr(steps, "capturing", lambda: True)
     monkeypatch.setattr(sp, "quantize_q", lambda *a, **k: pytest.fail("quantized"))
-    monkeypatch.setattr(sp, "_sparse_launcher", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(sp, "sparse_step", lambda *a, **k: pytest.fail("launched"))
     out = torch.full((b, s_q, h, 512), 7.0, dtype=torch.bfloat16)
     lse = torch.full((b, h, s_q), 7.0)
     q = torch.zeros(b, s_q, h, 576, dtype=torch.bfloat16)

@@ -4,8 +4,9 @@ script's history). ``--few-heads``: the 8- and 16-head rows with the pipeline's 
 (every compute stage left out: the gather alone; the softmax kept; the transposition kept)
 beside the shipped kernel, the floor and the target. ``--bounds``: the same stage-less
 variants at the 64- and 128-head rows, beside the dense decode over the same token count.
-With either, ``--stages 4 3`` adds the gather alone on that many KV stages (``qk_early``
-off; a gather bound by its blocks in flight slows with fewer). Prints a table.
+With either, ``--stages 4 3`` adds the gather alone on that many KV stages (a gather bound
+by its blocks in flight slows with fewer; figures before 2026-11-28 ran it with QK issued
+late, the ``qk_early`` switch at cc70d70). Prints a table.
 
 Every variant timed is compiled first in ``--jobs`` processes (``warm_bench.warm``);
 ``--rows`` keeps only those rows of the shape list (indices).
@@ -65,9 +66,7 @@ def main():
     rows = []
     if args.bounds or args.few_heads:
         tbps = measure_copy_tbps()
-        # qk_early off, as the GPU test of a 3-stage ring runs it (the consumers then hold two
-        # blocks, not three)
-        staged = [(f"gather only, {k} stages", {**BOUNDS["gather only"], "kv_stages": k, "qk_early": False})
+        staged = [(f"gather only, {k} stages", {**BOUNDS["gather only"], "kv_stages": k})
                   for k in args.stages]
         bounds = [(n, t) for n, t in BOUNDS.items() if args.only is None or n in args.only]
         variants = [("shipped", {})] + bounds + staged

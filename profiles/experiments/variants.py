@@ -37,7 +37,7 @@ SMALL_SHAPES = [  # with --small
 ]
 DEFAULT_VARIANTS = {
     "default": {},
-    "QK issued when its block starts": {"qk_early": False},
+    "three KV stages": {"kv_stages": 3},
 }
 
 

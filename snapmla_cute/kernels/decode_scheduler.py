@@ -63,9 +63,6 @@ class SchedulerConfig:
     # and read back (0: never whole requests; the standalone scheduler takes it as a scalar)
     split_units: int = 0
     stream_parts: int = 0  # parts streaming KV at full rate before HBM binds (0: every part)
-    # timing only (wrong results): parts 2r and 2r+1 take the two halves of request r as if
-    # whole, both writing its output unsplit (the ceiling of a pair merged on-chip)
-    pairs: bool = False
     # parts per cluster: the cluster plan (cluster c takes request c, a k-th of its blocks
     # per part, merged on-chip) is one of the rule's choices when k > 1
     cluster: int = 1
@@ -294,19 +291,6 @@ class DecodeSchedulerKernel:
                     e_req = r
                     b_blk = q * n // k
                     e_blk = (q + 1) * n // k
-        if cutlass.const_expr(self.cfg.pairs):
-            if whole == 2:  # timing only (``SchedulerConfig.pairs``): half of request p // 2
-                b_req = batch
-                e_blk = Int32(0)
-                if p < 2 * batch:
-                    r = p // 2
-                    n = s_pre[r + 1] - s_pre[r] - ov
-                    b_req = r
-                    e_req = r
-                    e_blk = (n + 1) // 2
-                    if p % 2 == 1:
-                        b_blk = (n + 1) // 2
-                        e_blk = n
         if in_plan:
             # begin: the request holding unit u0 (largest r with S_r <= u0)
             a = Int32(0)

@@ -17,12 +17,14 @@ split-KV part plans for itself. Per 64-token block:
 5. PV (``consumer``): FP8 WGMMA, each consumer WG owning 256 output dims, strictly in block
    order; each block's P·V lands in a zeroed accumulator and o = γ·o + P·V is done in fp32.
 6. Epilogue (``epilogue``): o/ℓ as bf16 ``out`` or a split's partial (f16 with a per-row
-   scale up to ``merge_few`` splits a request, else fp32), and the LSE; the
+   scale up to ``MERGE_FEW`` splits a request, else fp32), and the LSE; the
    splits of a request cut by a part boundary are merged in the same launch (``merge``).
 
-Modules: ``config`` (``DecodeConfig``, constants), ``args`` (the typed bundles the wiring
-hands the roles), ``kernel`` (launch and wiring), one module per role, each role a frozen
-object (``plan``, ``producer``, ``transposer``, ``consumer``, ``epilogue``, ``merge``),
+Modules: ``config`` (``DecodeConfig``, constants), ``launch`` (each launch's arguments as one
+bundle: ``StepArgs``, ``KernelArgs``), ``args`` (the typed bundles the wiring hands the
+roles), ``kernel`` (launch and wiring), one module per role, each role a frozen
+object (``plan``, ``producer``, ``transposer``, ``consumer``, ``epilogue``, ``merge``: every
+merge of partial results and the final LSE),
 ``softmax`` (the consumers' softmax state), ``storage`` (shared memory), ``trace``
 (profiling stamps), ``step`` (the host function ``mla_decode`` and ``mla_decode_sparse``
 call) and ``compile`` (fake arguments and the compile entries).

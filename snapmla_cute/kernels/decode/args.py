@@ -3,7 +3,9 @@
 The launch passes the kernel five bundles (``DecodeMmas``, ``TmaLoads``, ``DecodeInputs``,
 ``DecodeOutputs``, ``SmemLayouts``) plus ``scale_log2`` and the optional visible counts;
 the kernel body adds the shared-memory views (``storage.SmemTensors``), the plan
-(``plan.PartWork``) and the consumers' hand-offs (``ConsumerSync``). All are frozen
+(``plan.PartWork``) and the consumers' hand-offs (``ConsumerSync``); a consumer hands the
+epilogue its request's result (``RequestEnd``). (The host→kernel seam, each launch's
+arguments, is ``launch``.) All are frozen
 dataclasses: the DSL passes them unchanged through run-time branches and loops, and flattens
 their fields, in order, into the kernel's parameters.
 """
@@ -81,7 +83,7 @@ class DecodeOutputs:
 
     def partial_views(self, dep):
         """A split's partial slot (fp32 (R, 512) of ``o_partial``) in the f16 format of a
-        request of at most ``merge_few`` splits: its first half o/ℓ·f as f16 (R, 512), then
+        request of at most ``MERGE_FEW`` splits: its first half o/ℓ·f as f16 (R, 512), then
         1/f per row (fp32). Each split keeps its own slot, so requests of either format
         share the buffer. Returns (f16 (R, 512, splits), fp32 (R, splits))."""
         part = self.o_partial
@@ -111,6 +113,23 @@ class SmemLayouts:
     kr: cute.ComposedLayout
     vt: cute.ComposedLayout
     p: cute.ComposedLayout
+
+
+@dataclass(frozen=True)
+class RequestEnd:
+    """A consumer WG at the end of a request segment, as the epilogue takes it: its O
+    accumulator (per PV split, as (row, column)), the softmax state (m, σ_p, ℓ), whether the
+    segment had any block, and where it runs: the m-tile and request, the consumer WG and
+    the thread's index in it, the KV stages' shared address."""
+
+    acc_o_mn: list
+    state: tuple
+    any_blocks: object
+    m_tile: Int32
+    req: Int32
+    wg: Int32
+    wg_tidx: Int32
+    kv_addr: Int32
 
 
 @dataclass(frozen=True)

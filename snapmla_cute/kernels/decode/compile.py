@@ -1,8 +1,9 @@
 """Compile entries of the decode: the kernel on its own views (``decode``, for the compile
-report), and the one-launch step (``step.DecodeStepKernel``) that ``mla_decode`` and
-``mla_decode_sparse`` call, from a quantized or a bf16 query (``step``, ``step_q``,
-``sparse``, ``sparse_q``), each with its fake arguments (symbolic batch, pages and splits;
-natural PyTorch strides for the step, so its argument decoder checks every tensor)."""
+report; ``fake_args``), and the one-launch step (``step.DecodeStepKernel``) that
+``mla_decode`` and ``mla_decode_sparse`` call, from a quantized or a bf16 query (``step``,
+``step_q``, ``sparse``, ``sparse_q``), all faked by ``step_fakes`` (symbolic batch, pages
+and splits; natural PyTorch strides, so the compiled call's argument decoder checks every
+tensor)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from snapmla_cute import jit_cache
 from snapmla_cute.kernels import fake
 from snapmla_cute.kernels.decode.config import DecodeConfig
 from snapmla_cute.kernels.decode.kernel import DecodeKernel
+from snapmla_cute.kernels.decode.launch import KernelArgs, StepArgs, fake_call
 from snapmla_cute.kernels.decode.step import DecodeSparseStepConfig, DecodeStepConfig, DecodeStepKernel
 
 NAME = "decode"
@@ -19,111 +21,115 @@ SPARSE_NAME = "decode_sparse"
 SPARSE_Q_NAME = "decode_sparse_q"
 
 
-def fake_args(config: DecodeConfig, n=None):
-    """The decode kernel's own views: rows (R = s_q·h) first, the batch / page / split index last."""
+def fake_args(config: DecodeConfig) -> tuple:
+    """The decode kernel's own views (``launch.KernelArgs``): rows (R = s_q·h) first, the
+    batch / page / split index last."""
     import cutlass
 
     from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
 
     bf16, u8, f32, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int32
-    n = fake.sym() if n is None else n
+    n = fake.sym()
     h, s_q, ps = config.heads, config.s_q, config.page_size
     R = h * s_q
     pages, splits, parts, width = fake.sym(), fake.sym(), fake.sym(), fake.sym()
     t = fake.tensor
-    return (
-        t(u8, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
-        t(bf16, (R, ROPE_DIM, n), (ROPE_DIM, 1, R * ROPE_DIM), 16),
-        t(f32, (R, n), (1, R), 4),
-        t(u8, (ps, CONTENT_DIM, pages), (KV_ROW_BYTES, 1, ps * KV_ROW_BYTES), 16),
-        t(bf16, (ps, ROPE_DIM, pages), (KV_ROW_BYTES // 2, 1, ps * KV_ROW_BYTES // 2), 16),
-        t(f32, (ps, pages), (1, ps), 16),
-        t(i32, (n, width), (fake.sym(), 1), 4),
-        t(i32, (n,), (1,), 4),
-        t(i32, (parts, 8), (8, 1), 16),
-        t(i32, (fake.sym(),), (1,), 4),
-        t(bf16, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
-        t(f32, (n, h, s_q), (h * s_q, s_q, 1), 4),
-        t(f32, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
-        t(f32, (R, splits), (1, R), 4),
-        t(i32, (n, 2 * config.m_tiles), (2 * config.m_tiles, 1), 4),
-        cutlass.Float32(0.0),
-        fake.stream(),
-        *((None, t(u8, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), 16)) if config.q_split else ()),
+    args = KernelArgs(
+        q_nope=t(u8, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
+        q_rope=t(bf16, (R, ROPE_DIM, n), (ROPE_DIM, 1, R * ROPE_DIM), 16),
+        q_scale=t(f32, (R, n), (1, R), 4),
+        kv_content=t(u8, (ps, CONTENT_DIM, pages), (KV_ROW_BYTES, 1, ps * KV_ROW_BYTES), 16),
+        kv_rope=t(bf16, (ps, ROPE_DIM, pages), (KV_ROW_BYTES // 2, 1, ps * KV_ROW_BYTES // 2), 16),
+        kv_scale=t(f32, (ps, pages), (1, ps), 16),
+        block_table=t(i32, (n, width), (fake.sym(), 1), 4),
+        seqlens=t(i32, (n,), (1,), 4),
+        sched=t(i32, (parts, 8), (8, 1), 16),
+        split_offsets=t(i32, (fake.sym(),), (1,), 4),
+        out=t(bf16, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
+        lse=t(f32, (n, h, s_q), (h * s_q, s_q, 1), 4),
+        o_partial=t(f32, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM), 16),
+        lse_partial=t(f32, (R, splits), (1, R), 4),
+        counters=t(i32, (n, 2 * config.m_tiles), (2 * config.m_tiles, 1), 4),
+        scale_log2=cutlass.Float32(0.0),
+        q_lo=t(u8, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), 16) if config.q_split else None,
     )
+    return fake_call(args, fake.stream())
 
 
-def step_fake_args(config: DecodeStepConfig, n=None, q=None):
-    """The step's arguments in their natural (contiguous PyTorch) layouts; one symbolic batch
-    size ties q, the table, the lengths and the outputs together, so TVM-FFI rejects a
-    mismatch before launch. The two optional tensors are always passed (None where absent):
-    the compiled call then takes every parameter, as the API passes them."""
+def step_fakes(config: DecodeStepConfig | DecodeSparseStepConfig, bf16_q: bool) -> tuple:
+    """Every step's arguments (``launch.StepArgs``) in their natural (contiguous PyTorch)
+    layouts, dense or sparse by the config, from a quantized query or (``bf16_q``) a bf16
+    one quantized first: one symbolic batch size ties q, the table, the lengths, the outputs
+    and the metadata's per-request buffers together, so TVM-FFI rejects a mismatch before
+    launch. The optional tensors are passed where the step takes them and None otherwise;
+    ``q_lo`` (the accurate mode) is left out where absent, so such a step's compiled call
+    keeps its arity."""
     import cutlass
 
-    from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
+    from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
 
     bf16, u8, f32, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int32
     fp8 = cutlass.Float8E4M3FN
-    n = fake.sym() if n is None else n
-    g = config.head_groups
-    h, s_q, ps = config.decode.heads * g, config.decode.s_q, config.decode.page_size  # h: the call's heads
-    R = h * s_q
-    Rk = config.decode.rows  # a kernel request's rows
-    m_tiles = config.decode.m_tiles
-    pages, splits = fake.sym(), fake.sym()
     t = fake.tensor
-    return (
-        t(fp8, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
-        t(bf16, (n, s_q, h, ROPE_DIM), (R * ROPE_DIM, h * ROPE_DIM, ROPE_DIM, 1), 16),
-        t(f32, (n, s_q, h), (R, h, 1), 4),
-        t(i32, (n, fake.sym()), (fake.sym(), 1), 4),
-        t(i32, (n,), (1,), 4),
-        t(bf16, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
-        t(f32, (n, h, s_q), (R, s_q, 1), 4),
-        t(u8, (pages, ps, KV_ROW_BYTES), (ps * KV_ROW_BYTES, KV_ROW_BYTES, 1), 16),
-        t(f32, (pages, ps), (ps, 1), 16),
-        t(i32, (fake.sym(), 8), (8, 1), 16),
-        # per kernel request (g of them per call request with head groups)
-        t(i32, (n, g), (g, 1), 4) if g > 1 else t(i32, (n,), (1,), 4),
-        t(f32, (splits, Rk, CONTENT_DIM), (Rk * CONTENT_DIM, CONTENT_DIM, 1), 16),
-        t(f32, (splits, Rk), (Rk, 1), 4),
-        t(i32, (n, g, 2 * m_tiles), (g * 2 * m_tiles, 2 * m_tiles, 1), 4) if g > 1 else
-        t(i32, (n, 2 * m_tiles), (2 * m_tiles, 1), 4),
-        cutlass.Float32(0.0),
-        fake.stream(),
-        t(i32, (n, s_q), (s_q, 1), 4) if config.decode.visible else None,  # the visible step's counts
-        q,
-        *_q_lo(config, n, s_q, h),
-    )
-
-
-def _q_lo(config, n, s_q: int, h: int) -> tuple:
-    """The accurate mode's residual codes ``[b, s_q, h, 512]`` (``DecodeConfig.q_split``): a
-    step's last argument there, and absent otherwise (its compiled call keeps its arity)."""
-    import cutlass
-
-    from snapmla_cute.format import CONTENT_DIM
-
-    if not config.decode.q_split:
-        return ()
-    R = s_q * h
-    return (fake.tensor(cutlass.Float8E4M3FN, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1),
-                        16),)
-
-
-def step_q_fake_args(config: DecodeStepConfig):
-    """The step from a bf16 query ``[b, s_q, h, 576]`` (the last argument), quantized into
-    the q buffers first."""
+    sparse = isinstance(config, DecodeSparseStepConfig)
     n = fake.sym()
-    return step_fake_args(config, n, _bf16_query(n, config.decode.s_q, config.decode.heads * config.head_groups))
+    g = 1 if sparse else config.head_groups
+    s_q = config.s_q if sparse else config.decode.s_q
+    h = config.decode.heads * g  # the call's heads
+    R = h * s_q
+    m_tiles = config.decode.m_tiles
+    Rk = h if sparse else config.decode.rows  # a kernel request's rows
+    ps = config.decode.page_size
+    splits = fake.sym()
+
+    def per_request(*tail):
+        """A metadata buffer with one entry (or row ``tail``) per kernel request: ``[b, ..]``,
+        ``[b, g, ..]`` with head groups, ``[b, s_q, ..]`` sparse."""
+        mid = (s_q,) if sparse else (g,) if g > 1 else ()
+        shape = (n, *mid, *tail)
+        stride = tuple(_prod(shape[k + 1:]) for k in range(len(shape)))
+        return t(i32, shape, stride, 4)
+
+    if sparse:
+        topk, slots = fake.sym(), fake.sym()
+        table = t(i32, (n, s_q, topk), (fake.sym(), topk, 1), 4)
+        kv = t(u8, (slots, KV_ROW_BYTES), (KV_ROW_BYTES, 1), 16)
+        kv_scale = t(f32, (slots,), (1,), 4)
+    else:
+        pages = fake.sym()
+        table = t(i32, (n, fake.sym()), (fake.sym(), 1), 4)
+        kv = t(u8, (pages, ps, KV_ROW_BYTES), (ps * KV_ROW_BYTES, KV_ROW_BYTES, 1), 16)
+        kv_scale = t(f32, (pages, ps), (ps, 1), 16)
+    args = StepArgs(
+        q_nope=t(fp8, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        q_rope=t(bf16, (n, s_q, h, ROPE_DIM), (R * ROPE_DIM, h * ROPE_DIM, ROPE_DIM, 1), 16),
+        q_scale=t(f32, (n, s_q, h), (R, h, 1), 4),
+        table=table,
+        lengths=t(i32, (n,), (1,), 4),
+        out=t(bf16, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        lse=t(f32, (n, h, s_q), (R, s_q, 1), 4),
+        kv=kv,
+        kv_scale=kv_scale,
+        sched=t(i32, (fake.sym(), 8), (8, 1), 16),
+        split_offsets=per_request(),
+        o_partial=t(f32, (splits, Rk, CONTENT_DIM), (Rk * CONTENT_DIM, CONTENT_DIM, 1), 16),
+        lse_partial=t(f32, (splits, Rk), (Rk, 1), 4),
+        counters=per_request(2 * m_tiles),
+        scale_log2=cutlass.Float32(0.0),
+        visible=t(i32, (n, s_q), (s_q, 1), 4) if not sparse and config.decode.visible else None,
+        q=t(bf16, (n, s_q, h, HEAD_DIM), (R * HEAD_DIM, h * HEAD_DIM, HEAD_DIM, 1), 16) if bf16_q else None,
+        q_lo=(t(fp8, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16)
+              if config.decode.q_split else None),
+    )
+    call = fake_call(args, fake.stream())
+    return call if config.decode.q_split else call[:-1]
 
 
-def _bf16_query(n, s_q: int, h: int):
-    import cutlass
-
-    from snapmla_cute.format import HEAD_DIM
-
-    return fake.tensor(cutlass.BFloat16, (n, s_q, h, HEAD_DIM), (s_q * h * HEAD_DIM, h * HEAD_DIM, HEAD_DIM, 1), 16)
+def _prod(xs) -> int:
+    p = 1
+    for x in xs:
+        p *= x
+    return p
 
 
 def compile(config: DecodeConfig, *, arch: str | None = None, keep_sass: bool = False):
@@ -133,70 +139,23 @@ def compile(config: DecodeConfig, *, arch: str | None = None, keep_sass: bool = 
 
 def compile_step(config: DecodeStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The step from a quantized query (one launch)."""
-    return jit_cache.compile_kernel(STEP_NAME, config, DecodeStepKernel, step_fake_args, arch=arch, keep_sass=keep_sass)
+    return jit_cache.compile_kernel(STEP_NAME, config, DecodeStepKernel, lambda c: step_fakes(c, False), arch=arch,
+                                    keep_sass=keep_sass)
 
 
 def compile_step_q(config: DecodeStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The step from a bf16 query (Q-quant launch, then the decode)."""
-    return jit_cache.compile_kernel(
-        STEP_Q_NAME, config, DecodeStepKernel, step_q_fake_args, arch=arch, keep_sass=keep_sass
-    )
-
-
-def sparse_fake_args(config: DecodeSparseStepConfig, n=None, q=None):
-    """The sparse step's arguments (natural PyTorch layouts): the batch ties q, the index
-    lists, the lengths, the outputs and the metadata's per-request buffers; the cache as
-    slots ``[S, 640]`` and ``[S]`` (any page size)."""
-    import cutlass
-
-    from snapmla_cute.format import CONTENT_DIM, KV_ROW_BYTES, ROPE_DIM
-
-    bf16, u8, f32, i32 = cutlass.BFloat16, cutlass.Uint8, cutlass.Float32, cutlass.Int32
-    fp8 = cutlass.Float8E4M3FN
-    n = fake.sym() if n is None else n
-    h, s_q = config.decode.heads, config.s_q
-    R = h * s_q
-    m_tiles = config.decode.m_tiles
-    slots, splits, topk = fake.sym(), fake.sym(), fake.sym()
-    t = fake.tensor
-    return (
-        t(fp8, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
-        t(bf16, (n, s_q, h, ROPE_DIM), (R * ROPE_DIM, h * ROPE_DIM, ROPE_DIM, 1), 16),
-        t(f32, (n, s_q, h), (R, h, 1), 4),
-        t(i32, (n, s_q, topk), (fake.sym(), topk, 1), 4),
-        t(i32, (n,), (1,), 4),
-        t(bf16, (n, s_q, h, CONTENT_DIM), (R * CONTENT_DIM, h * CONTENT_DIM, CONTENT_DIM, 1), 16),
-        t(f32, (n, h, s_q), (R, s_q, 1), 4),
-        t(u8, (slots, KV_ROW_BYTES), (KV_ROW_BYTES, 1), 16),
-        t(f32, (slots,), (1,), 4),
-        t(i32, (fake.sym(), 8), (8, 1), 16),
-        t(i32, (n, s_q), (s_q, 1), 4),
-        t(f32, (splits, h, CONTENT_DIM), (h * CONTENT_DIM, CONTENT_DIM, 1), 16),
-        t(f32, (splits, h), (h, 1), 4),
-        t(i32, (n, s_q, 2 * m_tiles), (s_q * 2 * m_tiles, 2 * m_tiles, 1), 4),
-        cutlass.Float32(0.0),
-        fake.stream(),
-        None,  # no visible counts
-        q,
-        *_q_lo(config, n, s_q, h),
-    )
-
-
-def sparse_q_fake_args(config: DecodeSparseStepConfig):
-    """The sparse step from a bf16 query ``[b, s_q, h, 576]`` (the last argument)."""
-    n = fake.sym()
-    return sparse_fake_args(config, n, _bf16_query(n, config.s_q, config.decode.heads))
+    return jit_cache.compile_kernel(STEP_Q_NAME, config, DecodeStepKernel, lambda c: step_fakes(c, True), arch=arch,
+                                    keep_sass=keep_sass)
 
 
 def compile_sparse(config: DecodeSparseStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The sparse step from a quantized query (one launch)."""
-    return jit_cache.compile_kernel(
-        SPARSE_NAME, config, DecodeStepKernel, sparse_fake_args, arch=arch, keep_sass=keep_sass
-    )
+    return jit_cache.compile_kernel(SPARSE_NAME, config, DecodeStepKernel, lambda c: step_fakes(c, False), arch=arch,
+                                    keep_sass=keep_sass)
 
 
 def compile_sparse_q(config: DecodeSparseStepConfig, *, arch: str | None = None, keep_sass: bool = False):
     """The sparse step from a bf16 query (Q-quant launch, then the decode)."""
-    return jit_cache.compile_kernel(
-        SPARSE_Q_NAME, config, DecodeStepKernel, sparse_q_fake_args, arch=arch, keep_sass=keep_sass
-    )
+    return jit_cache.compile_kernel(SPARSE_Q_NAME, config, DecodeStepKernel, lambda c: step_fakes(c, True), arch=arch,
+                                    keep_sass=keep_sass)

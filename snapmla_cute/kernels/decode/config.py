@@ -1,9 +1,10 @@
 """The decode kernel's compile key (``DecodeConfig``) and its fixed constants.
 
 A config's fields are the whole compile key (``jit_cache``); tensor values never are. They
-come in three groups: the shape a call needs, schedule choices with the shipped values as
-defaults (each set somewhere outside the kernel: by a test of the other value, or by the
-profiling scripts), and profiling switches that the library never sets.
+come in three groups: the shape and mode of a call, what the library sets per launch
+(clusters, the KV ring's depth, the L2 hint), and profiling switches that the library never
+sets. The schedule choices measured once and fixed are constants here (``PV_TEMPS``,
+``MERGE_FEW``; ``profiles/NOTES.md``, "Schedule switches and fixed behaviour").
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import cutlass
 
+from snapmla_cute import heads
 from snapmla_cute.format import CONTENT_DIM, FP8_MAX
 from snapmla_cute.kernels.decode_scheduler import SchedulerConfig
 from snapmla_cute.layouts import smem as L
@@ -29,6 +31,12 @@ SM90_SMEM_BYTES = 232448  # dynamic shared memory a CTA may use (227 KB)
 # N = 128 ptxas serialized every warpgroup MMA (C7511) in some variants.
 PV_SPLITS = 4
 PV_N = CONTENT_DIM // roles.NUM_CONSUMER_WGS // PV_SPLITS
+# PV temporaries per consumer: with two, a GEMM is issued before the previous one is added
+PV_TEMPS = 2
+# A request of at most MERGE_FEW splits (a divisor of MERGE_BATCH) writes f16 partials with a
+# per-row scale and merges with a thread per row and all its splits' loads issued together
+# (``Merger.few_split_lse``); more splits write fp32 and take the general merge
+MERGE_FEW = 8
 # the part's plan in shared memory (``plan.PartWork``): begin req, begin blk, end req, end
 # blk, begin split, (first split row, splits) of the begin and of the end request, then the
 # merge helper's assignment (helpers, request, first split row, merger index, splits, mergers)
@@ -71,7 +79,7 @@ Q_SPLIT_MAX_CLUSTER = 4
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    # ---- shape
+    # ---- shape and mode
     heads: int
     s_q: int
     page_size: int
@@ -90,46 +98,17 @@ class DecodeConfig:
     # scale, hi + lo (``quantize_q``'s ``q_lo``); a second Q tile in shared memory (32 KB:
     # at most 3 KV stages fit) and a second QK content chain on the same accumulator
     q_split: bool = False
+    # ---- what the library sets
     # CTAs per cluster along the parts (1, 2, 4 or 8; the part count a multiple of it): where
     # the plan gives cluster c request c (``decode_scheduler``'s rule), its CTAs take a
     # k-th of its blocks each and merge through distributed shared memory (``cluster_epilogue``)
     cluster: int = 1
-    # ---- schedule (the defaults ship; the other values are tested or profiled)
+    # KV ring depth: 4, or ``Q_SPLIT_KV_STAGES`` beside the accurate mode's second Q tile
     kv_stages: int = 4
-    # PV temporaries: with 2 a GEMM is issued before the previous one is added
-    pv_temps: int = 2
-    # issue QK of block j+2 right after PV(j) instead of when j+2 starts (``issue_qk_early``:
-    # not with the spread cluster merge)
-    qk_early: bool = True
-    # a fourth warpgroup transposes V (after the owner's QK has read the block), taking the
-    # transposition off the consumers' per-block chain (``roles.layout``); False: each
-    # consumer transposes its own blocks (3 warpgroups, consumers at 240 registers)
-    transposer: bool = True
-    # Vᵀ and P in the token order π of the QK accumulator (``layouts.transpose.pi``): the
-    # transposer's ldmatrix rows are plain tokens and P is packed into e4m3 words inside
-    # each lane (one prmt per word); False: token order, P permuted across each quad with
-    # shuffles (``layouts.p_permute``)
-    pi_order: bool = True
-    # each consumer also waits for the TMA of the other WG's blocks. Not needed: it reads
-    # only their Vᵀ (after the transposer's or the owner's handshake, which follow the
-    # owner's own wait) and their P, and releases such a stage after that
-    other_kv_wait: bool = False
-    # before its PV of blocks j-1 and j a consumer also waits for the transposer's signal of
-    # j-1 (implied by j's: the transposer works and signals in block order)
-    vt_wait_both: bool = False
-    # a request of at most this many splits (a divisor of MERGE_BATCH) writes f16 partials
-    # with a per-row scale and merges with a thread per row and all its splits' loads
-    # issued together (Merger.few_split_lse); more splits, or 0: fp32, the general merge
-    merge_few: int = 8
-    # P published with two stmatrix.x4 per thread and block (the A-fragment words are
-    # exactly stmatrix's: rows r / r+8 x 16-byte k-halves) instead of 8 scalar stores
-    p_stsm: bool = True
-    # plan whole requests per part where splitting would not pay (``decode_scheduler``'s
-    # rule, with ``scheduler``'s constants); False: always the split-everywhere plan
-    whole_plans: bool = True
     # the KV loads (TMA, or the sparse gather's cp.async) hint L2 to evict their lines
     # first where at most two CTAs read each block (``l2_evict_first``): the stream, read
-    # once, then does not push the split partials, queries and block table out of L2
+    # once, then does not push the split partials, queries and block table out of L2; off
+    # for the sparse step past one query token (``step``)
     kv_evict_first: bool = True
     # ---- profiling (wrong results or extra writes; never set by the library)
     # stages left out to time the rest, e.g. ("transpose",): "qk", "pv", "transpose",
@@ -140,13 +119,6 @@ class DecodeConfig:
     # %globaltimer stamps of each CTA's milestones at the end of the fp32 partials
     # (``trace.trace_words``, ``trace.TRACE_EVENTS``; read back by ``profiles/experiments/trace_small.py``)
     trace: bool = False
-    # SM clock stamps of each consumer WG's first owned blocks, of the producer's stage
-    # acquisitions and of the transposer, just before the ``trace`` rows
-    # (``trace.LOOP_EVENTS``; read back by ``profiles/experiments/trace_loop.py`` at ac2dc72)
-    trace_loop: bool = False
-    # timing only: the two halves of each request on parts 2r, 2r+1, written unsplit
-    # (``SchedulerConfig.pairs``)
-    pairs: bool = False
 
     @property
     def pv_n(self) -> int:
@@ -159,7 +131,7 @@ class DecodeConfig:
 
     @property
     def m_tiles(self) -> int:
-        return (self.rows + L.M_TILE - 1) // L.M_TILE
+        return heads.m_tiles(self.rows)
 
     @property
     def l2_evict_first(self) -> bool:
@@ -177,24 +149,14 @@ class DecodeConfig:
         became f16, 1 KB) is about 6 KV blocks per 64 rows; the
         dense decode of the H100 streams at full rate on up to STREAM_PARTS CTAs, the sparse
         gather (slower per CTA) on all of them."""
-        if not self.whole_plans:
-            return SchedulerConfig()
         rows = min(self.rows, L.M_TILE)
         return SchedulerConfig(split_units=-(-SPLIT_UNITS_PER_TILE * rows // L.M_TILE),
-                               stream_parts=0 if self.sparse else STREAM_PARTS, pairs=self.pairs,
-                               cluster=self.cluster)
+                               stream_parts=0 if self.sparse else STREAM_PARTS, cluster=self.cluster)
 
     @property
     def cluster_rows_per_rank(self) -> int:
-        """Rows of a tile each rank of the cluster merge owns: the live rows (fewer than the
-        tile's 64 at 8-32 heads) spread over the k ranks where they split into 1, 2 or 4
-        rows a rank (within one 8-row slab) or whole slabs; else 64/k, and the ranks past the
-        live rows own dead ones (one rank merged all 16 rows of h16 at k = 8 or 2)."""
-        k = self.cluster
-        live = min(self.rows, L.M_TILE)
-        if live % k == 0 and (live // k in (1, 2, 4) or live // k % 8 == 0):
-            return live // k
-        return L.M_TILE // k
+        """Rows of a tile each rank of the cluster merge owns (``heads.cluster_rows_per_rank``)."""
+        return heads.cluster_rows_per_rank(self.rows, self.cluster)
 
     @property
     def cluster_merge_spread(self) -> bool:
@@ -209,12 +171,12 @@ class DecodeConfig:
 
     @property
     def issue_qk_early(self) -> bool:
-        """``qk_early``, except with ``cluster_merge_spread``: there QK is issued when its
-        block starts. With both, ptxas spilled an accumulator register in the consumers'
+        """QK of block j+2 issued right after PV(j) instead of when j+2 starts, except with
+        ``cluster_merge_spread``: there QK is issued when its block starts. With both, ptxas spilled an accumulator register in the consumers'
         last blocks (``finish_blocks``); those launches give a CTA at most a few blocks, and
         the later issue cost little (H100, b1 h128 s_k640 on the head-group plan, k = 8:
         11.1-11.3 µs against 10.9-11.1 with the early issue and the spill)."""
-        return self.qk_early and not self.cluster_merge_spread
+        return not self.cluster_merge_spread
 
     @property
     def cluster_recv_bytes(self) -> tuple[int, int]:

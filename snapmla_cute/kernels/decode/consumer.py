@@ -20,15 +20,14 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, Uint32
 from cutlass.cute.nvgpu import warpgroup
 
-from snapmla_cute.kernels.decode.args import ConsumerSync, DecodeInputs, DecodeMmas
-from snapmla_cute.kernels.decode.config import FP8, PV_SPLITS, DecodeConfig
+from snapmla_cute.kernels.decode.args import ConsumerSync, DecodeInputs, DecodeMmas, RequestEnd
+from snapmla_cute.kernels.decode.config import FP8, PV_SPLITS, PV_TEMPS, DecodeConfig
 from snapmla_cute.kernels.decode.epilogue import Epilogue
 from snapmla_cute.kernels.decode.merge import Merger
 from snapmla_cute.kernels.decode.plan import PartWork
 from snapmla_cute.kernels.decode.softmax import OnlineSoftmax
 from snapmla_cute.kernels.decode.storage import SmemTensors
 from snapmla_cute.kernels.decode.trace import Tracer
-from snapmla_cute.kernels.decode.transposer import Transposer
 from snapmla_cute.layouts import mma as M
 from snapmla_cute.layouts import p_permute as PP
 from snapmla_cute.layouts import smem as L
@@ -50,7 +49,6 @@ class ConsumerTiles:
     t_kr: cute.Tensor  # K RoPE per stage, B operand (shared)
     t_v: list  # per PV split: Vᵀ per stage, B operand (shared)
     t_p: cute.Tensor  # P per slot, A operand (shared: the other WG's P)
-    t_p_store: cute.Tensor  # this thread's register-layout view of the P slots
     p_addr: Int32  # the P slots' shared address (stmatrix)
     acc_o: list  # per PV split: O accumulator
     acc_o_mn: list  # the same as (row, column)
@@ -83,12 +81,11 @@ class ConsumerTiles:
             for h in range(PV_SPLITS)
         ]
         t_p = pv_ss_thr.make_fragment_A(pv_ss_thr.partition_A(smem.p))
-        t_p_store = pv_rs_thr.partition_A(smem.p)  # this thread's register-layout view of sP
-        p_addr = smem.p.iterator.toint()  # (p_stsm)
+        p_addr = smem.p.iterator.toint()  # (stmatrix)
 
         acc_o = [pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n))) for _ in range(PV_SPLITS)]
         acc_o_mn = [cute.make_tensor(a.iterator, M.acc_mn_layout(mmas.pv_rs, a.layout)) for a in acc_o]
-        temps = [pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n))) for _ in range(cfg.pv_temps)]
+        temps = [pv_rs_thr.make_fragment_C(pv_rs_thr.partition_shape_C((L.M_TILE, pv_n))) for _ in range(PV_TEMPS)]
         temps_mn = [cute.make_tensor(t.iterator, M.acc_mn_layout(mmas.pv_rs, t.layout)) for t in temps]
         acc_s = qk_thr.make_fragment_C(qk_thr.partition_shape_C((L.M_TILE, L.BLOCK_N)))
         # S and the first PV temporary are never live together (QK(j+2) is issued after this
@@ -100,7 +97,7 @@ class ConsumerTiles:
         c_s_mn = cute.make_tensor(c_s.iterator, M.acc_mn_layout(mmas.qk, c_s.layout))
         rows_per_thr = cute.size(c_s_mn, mode=[0])
         return cls(
-            mmas, t_q, t_k, t_qr, t_kr, t_v, t_p, t_p_store, p_addr, acc_o, acc_o_mn, temps, temps_mn, acc_s,
+            mmas, t_q, t_k, t_qr, t_kr, t_v, t_p, p_addr, acc_o, acc_o_mn, temps, temps_mn, acc_s,
             acc_s_mn, c_s_mn, rows_per_thr,
         )
 
@@ -126,8 +123,7 @@ class Consumer:
     the KV ring through ``smem`` with the ``mmas``, waits and signals through ``sync``,
     scales logits by ``inputs.q_scale`` and ``scale_log2`` (``visible``: a causal shard's
     key counts, or None), and ends each request with the ``epilogue`` and, when split, the
-    ``merger``; ``transposer`` transposes its own blocks when the CTA has no transposer
-    warpgroup."""
+    ``merger``."""
 
     cfg: DecodeConfig
     layout: roles.Layout
@@ -140,7 +136,6 @@ class Consumer:
     visible: cute.Tensor
     epilogue: Epilogue
     merger: Merger
-    transposer: Transposer
 
     @cute.jit
     def run(self, m_tile: Int32, wg_idx: Int32, kv_addr: Int32):
@@ -178,33 +173,28 @@ class Consumer:
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("q_arrived", wg)
             first = (wg + k0) & 1  # my first block in this request (blocks alternate owners)
-            if cutlass.const_expr(cfg.other_kv_wait):
-                if first == 1 and n >= 1:
-                    ring.wait(k0)
             if first < n:
                 ring.wait(k0 + first)
                 if cutlass.const_expr(cfg.issue_qk_early):
                     self.issue_qk(tiles, ring.stage_of(k0 + first))
             seg = Segment(r, req, seqlen, blk_lo, n, k0, first)
             for j in cutlass.range(first, n, 2, unroll=1):
-                self.consume_block(tiles, softmax, seg, j, wg_sync, wg, wg_tidx, kv_addr)
+                self.consume_block(tiles, softmax, seg, j, wg, wg_tidx)
             self.finish_blocks(tiles, softmax, seg, wg_sync, wg)
             k_global = k0 + n
             hq.release()
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("pv_done", wg)
             first, n_splits, split = work.split_rows(r, req)
-            state = (softmax.row_max, softmax.sigma_p, softmax.row_sum)
+            end = RequestEnd(tiles.acc_o_mn, (softmax.row_max, softmax.sigma_p, softmax.row_sum), n > 0, m_tile, req,
+                             wg, wg_tidx, kv_addr)
             if cutlass.const_expr(cfg.cluster > 1):
                 if work.clustered():
-                    self.epilogue.cluster_epilogue(tiles.acc_o_mn, state, m_tile, req, n > 0, wg, wg_tidx, kv_addr,
-                                                   smem.cl_mbar_addr())
+                    self.epilogue.cluster_epilogue(end, smem.cl_mbar_addr())
                 else:
-                    self.epilogue.epilogue(tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0, wg,
-                                           wg_tidx, kv_addr, smem.storage.amax.data_ptr().toint())
+                    self.epilogue.epilogue(end, first + split, n_splits, smem.storage.amax.data_ptr().toint())
             else:
-                self.epilogue.epilogue(tiles.acc_o_mn, state, m_tile, req, first + split, n_splits, n > 0, wg, wg_tidx,
-                                       kv_addr, smem.storage.amax.data_ptr().toint())
+                self.epilogue.epilogue(end, first + split, n_splits, smem.storage.amax.data_ptr().toint())
             if r == 0 and wg_tidx == 0:
                 self.tracer.stamp("epilogue_done", wg)
             if n_splits > 1:
@@ -225,8 +215,8 @@ class Consumer:
             self.tracer.stamp("exit", wg)
 
     @cute.jit
-    def consume_block(self, tiles: ConsumerTiles, softmax: OnlineSoftmax, seg: Segment, j: Int32,
-                      wg_sync: pipeline.NamedBarrier, wg: Int32, wg_tidx: Int32, kv_addr: Int32):
+    def consume_block(self, tiles: ConsumerTiles, softmax: OnlineSoftmax, seg: Segment, j: Int32, wg: Int32,
+                      wg_tidx: Int32):
         """This WG's owned block j of the segment ``seg``, its QK issued two blocks earlier."""
         cfg = self.cfg
         smem = self.smem
@@ -236,11 +226,9 @@ class Consumer:
         stage = ring.stage_of(g)
         slot = g & 1
         blk = seg.blk_lo + j
-        self.tracer.block_event("top", wg, r, j, wg_tidx)
         if cutlass.const_expr(not cfg.issue_qk_early):
             self.issue_qk(tiles, stage)
         warpgroup.wait_group(0)
-        self.tracer.block_event("qk_waited", wg, r, j, wg_tidx)
         # σ_k of this thread's columns, loaded before the state wait (in the softmax the
         # loads' latency was on the chain); after the QK wait, so these 16 registers are
         # not live beside the QK in flight
@@ -251,13 +239,9 @@ class Consumer:
         if r == 0 and j == seg.first and wg_tidx == 0:
             self.tracer.stamp("qk_done", wg)
         valid = seg.seqlen - blk * L.BLOCK_N
-        if cutlass.const_expr(cfg.transposer):
-            handshake.k_read(stage, valid, wg_tidx)  # the transposer may go
-        # ---- V transposition in place (tokens past the sequence zeroed), then the other
-        # WG's state of block j-1. Every block but a request's last is whole (all 64 tokens
-        # valid, and visible to every row): no masking code there.
-        if cutlass.const_expr("transpose" not in cfg.skip and not cfg.transposer):
-            self.transposer.transpose_block(kv_addr, stage, valid, wg_sync, wg_tidx)
+        handshake.k_read(stage, valid, wg_tidx)  # the transposer may go
+        # ---- the other WG's state of block j-1. Every block but a request's last is whole
+        # (all 64 tokens valid, and visible to every row): no masking code there.
         if j >= 1:
             exchange.wait_state(1 - slot, tiles.c_s_mn, softmax.other_state())
         else:
@@ -265,20 +249,15 @@ class Consumer:
             # re-read from the exchange, the WG's own at the end), so its registers are
             # free outside the softmax
             softmax.reset()
-        self.tracer.block_event("state_waited", wg, r, j, wg_tidx)
         # ---- softmax with V-scale fusion and block-wise P quantization
         if cutlass.const_expr("softmax" not in cfg.skip):
             if valid - (cfg.s_q - 1 if cfg.causal else 0) >= L.BLOCK_N:
-                softmax.step(
-                    tiles.acc_s_mn, tiles.c_s_mn, ks_pre, blk, valid, j == 0, False,
-                    (lambda ev: self.tracer.block_event(ev, wg, r, j, wg_tidx)) if cfg.trace_loop else None,
-                )
+                softmax.step(tiles.acc_s_mn, tiles.c_s_mn, ks_pre, blk, valid, j == 0, False)
             else:
-                softmax.step(tiles.acc_s_mn, tiles.c_s_mn, ks_pre, blk, valid, j == 0, True, None)
+                softmax.step(tiles.acc_s_mn, tiles.c_s_mn, ks_pre, blk, valid, j == 0, True)
         else:
             softmax.stand_in()
         t_p = self.acc_to_fp8_operand(tiles.acc_s, tiles.mmas.pv_rs.tv_layout_A)
-        self.tracer.block_event("softmax_done", wg, r, j, wg_tidx)
         if r == 0 and j == seg.first and wg_tidx == 0:
             self.tracer.stamp("softmax_done", wg)
         # ---- publish P and the softmax state
@@ -290,16 +269,10 @@ class Consumer:
         # each thread releases its own P and state to the other WG; this WG's own warps meet
         # only before reading their last state back (``finish_blocks``)
         exchange.signal_state(slot)
-        self.tracer.block_event("p_published", wg, r, j, wg_tidx)
         # ---- PV of block j-1 (P from the other WG), then of block j (own P from registers)
-        if cutlass.const_expr(cfg.transposer):
-            # the transposer finishes blocks in order, each thread arriving after its stores
-            # and fence: Vᵀ of g ready means Vᵀ of g-1 too
-            if cutlass.const_expr(cfg.vt_wait_both):
-                if j >= 1:
-                    handshake.wait_vt(g - 1)
-            handshake.wait_vt(g)
-        self.tracer.block_event("vt_waited", wg, r, j, wg_tidx)
+        # the transposer finishes blocks in order, each thread arriving after its stores and
+        # fence: Vᵀ of g ready means Vᵀ of g-1 too
+        handshake.wait_vt(g)
         if j >= 1:
             if cutlass.const_expr("pv" not in cfg.skip):
                 self.pv_blocks(
@@ -311,17 +284,11 @@ class Consumer:
             if cutlass.const_expr("pv" not in cfg.skip):
                 self.pv_blocks(tiles, [(stage, softmax.gamma, slot, t_p)])
         ring.release(g)
-        self.tracer.block_event("pv_done", wg, r, j, wg_tidx)
         # ---- next owned block: its QK runs while this WG waits for the other's state
-        if cutlass.const_expr(cfg.other_kv_wait):
-            if j + 1 < seg.n:
-                ring.wait(g + 1)
         if j + 2 < seg.n:
             ring.wait(g + 2)
-            self.tracer.block_event("kv_waited", wg, r, j, wg_tidx)
             if cutlass.const_expr(cfg.issue_qk_early):
                 self.issue_qk(tiles, ring.stage_of(g + 2))
-        self.tracer.block_event("qk_issued", wg, r, j, wg_tidx)
 
     @cute.jit
     def finish_blocks(self, tiles: ConsumerTiles, softmax: OnlineSoftmax, seg: Segment, wg_sync: pipeline.NamedBarrier,
@@ -341,8 +308,7 @@ class Consumer:
             g = k0 + n - 1
             slot = g & 1
             exchange.wait_state(slot, tiles.c_s_mn, softmax.other_state())
-            if cutlass.const_expr(self.cfg.transposer):
-                handshake.wait_vt(g)
+            handshake.wait_vt(g)
             self.pv_blocks(tiles, [(ring.stage_of(g), softmax.gamma_o, slot, None)])
             exchange.free_p(slot)
             ring.release(g)
@@ -412,62 +378,28 @@ class Consumer:
     @cute.jit
     def publish_p(self, tiles: ConsumerTiles, t_p: cute.Tensor, slot: Int32, wg_tidx: Int32):
         """P of this WG's block into ``sP[slot]`` for the other WG's PV: two stmatrix.x4 per
-        thread (``DecodeConfig.p_stsm``; ``layouts.smem.p_stsm_offset``) or scalar stores."""
-        if cutlass.const_expr(self.cfg.p_stsm):
-            words = cute.recast_tensor(t_p, Uint32)
-            for kb in cutlass.range_constexpr(cute.size(words, mode=[2])):
-                off = L.p_stsm_offset(wg_tidx // 32, wg_tidx % 32, kb)
-                addr = tiles.p_addr + slot * (L.M_TILE * L.BLOCK_N) + off
-                stsm_x4(addr, *[Int32(words[i, 0, kb]) for i in range(4)])
-        else:
-            cute.autovec_copy(t_p, tiles.t_p_store[None, None, None, slot])
+        thread (the A-fragment words are exactly stmatrix's: rows r / r+8 x 16-byte k-halves;
+        ``layouts.smem.p_stsm_offset``)."""
+        words = cute.recast_tensor(t_p, Uint32)
+        for kb in cutlass.range_constexpr(cute.size(words, mode=[2])):
+            off = L.p_stsm_offset(wg_tidx // 32, wg_tidx % 32, kb)
+            addr = tiles.p_addr + slot * (L.M_TILE * L.BLOCK_N) + off
+            stsm_x4(addr, *[Int32(words[i, 0, kb]) for i in range(4)])
 
     @cute.jit
     def acc_to_fp8_operand(self, acc: cute.Tensor, operand_layout_tv):
-        """fp32 P accumulator → e4m3 A-operand registers: cvt, then with
-        ``DecodeConfig.pi_order`` one prmt per word inside the lane (K position k then holds
-        column π(k), as Vᵀ does; ``layouts.p_permute.pi_packed_labels``), else the quad byte
-        permutation of CUTLASS's ``make_acc_into_op`` (``layouts.p_permute.permute_quad``)."""
+        """fp32 P accumulator → e4m3 A-operand registers: cvt, then one prmt per word inside
+        the lane (K position k then holds column π(k), as Vᵀ does;
+        ``layouts.p_permute.pi_packed_labels``). The natural token order, P permuted across
+        each quad with shuffles (CUTLASS's ``make_acc_into_op``), is at cc70d70."""
         operand = cute.make_rmem_tensor_like(M.c_to_a_layout(acc.layout, operand_layout_tv.shape[1]), FP8)
         operand_as_acc = cute.make_tensor(operand.iterator, acc.layout)
         operand_as_acc.store(acc.load().to(FP8))
-        if cutlass.const_expr(self.cfg.pi_order):
-            values = cute.recast_tensor(operand, Uint32)
-            for n in cutlass.range_constexpr(cute.size(values, mode=[1])):
-                for k in cutlass.range_constexpr(cute.size(values, mode=[2])):
-                    for ii in cutlass.range_constexpr(0, 4, 2):
-                        # the same function the CPU tests run on byte labels
-                        values[ii, n, k], values[ii + 1, n, k] = PP.pi_pack(
-                            values[ii, n, k], values[ii + 1, n, k], cute.arch.prmt)
-            return operand
-        tidx, _, _ = cute.arch.thread_idx()
-        tid = tidx % 4
         values = cute.recast_tensor(operand, Uint32)
         for n in cutlass.range_constexpr(cute.size(values, mode=[1])):
             for k in cutlass.range_constexpr(cute.size(values, mode=[2])):
-                for ii in cutlass.range_constexpr(0, 8, 4):
-                    v0 = values[ii // 2 + 0, n, k]
-                    v1 = values[ii // 2 + 1, n, k]
-                    send = 1
-                    if tid == 1 or tid == 2:
-                        send = 0
-                    src_lane = (PP.QUAD_SRC_A >> (tid * 4)) & 0xF
-                    va = v1
-                    if send == 0:
-                        va = v0
-                    va = cute.arch.shuffle_sync_op(va, src_lane, 0xFFFFFFFF, 7199)
-                    send = 1 - send
-                    src_lane = (PP.QUAD_SRC_B >> (tid * 4)) & 0xF
-                    vb = v1
-                    if send == 0:
-                        vb = v0
-                    vb = cute.arch.shuffle_sync_op(vb, src_lane, 0xFFFFFFFF, 7199)
-                    order = PP.ORDER_KEEP[0]
-                    if send == 0:
-                        order = PP.ORDER_SWAP[0]
-                    values[ii // 2 + 0, n, k] = cute.arch.prmt(va, vb, order)
-                    order = PP.ORDER_KEEP[1]
-                    if send == 0:
-                        order = PP.ORDER_SWAP[1]
-                    values[ii // 2 + 1, n, k] = cute.arch.prmt(va, vb, order)
+                for ii in cutlass.range_constexpr(0, 4, 2):
+                    # the same function the CPU tests run on byte labels
+                    values[ii, n, k], values[ii + 1, n, k] = PP.pi_pack(
+                        values[ii, n, k], values[ii + 1, n, k], cute.arch.prmt)
         return operand

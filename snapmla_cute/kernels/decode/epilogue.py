@@ -2,7 +2,7 @@
 
 o/ℓ per row, as bf16 into ``out`` (a request the part holds whole) or into its split's
 partial row (a split request, merged later by ``merge``: f16 with a power-of-two scale per
-row up to ``merge_few`` splits, ``partial_views``; fp32 past them), with the LSE; or, in the
+row up to ``MERGE_FEW`` splits, ``partial_views``; fp32 past them), with the LSE; or, in the
 cluster plan, exchanged with the cluster's other CTAs through distributed shared memory and
 merged there (``cluster_epilogue``). Each warp stages its rows through a 1 KB shared buffer
 so the stores leave as 16-byte accesses covering whole 128-byte lines.
@@ -19,10 +19,11 @@ from cutlass import BFloat16, Float16, Float32, Int32
 import cutlass.pipeline as pipeline
 
 from snapmla_cute import ptx
-from snapmla_cute.kernels.decode.args import DecodeOutputs
+from snapmla_cute.kernels.decode.args import DecodeOutputs, RequestEnd
 from snapmla_cute.kernels.decode.config import (
-    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, LN2, MERGE_WAIT_LIMIT_NS, PV_SPLITS, DecodeConfig,
+    EPI_BYTES, EPI_ROW_BYTES, EPI_ROWS, MERGE_FEW, MERGE_WAIT_LIMIT_NS, PV_SPLITS, DecodeConfig,
 )
+from snapmla_cute.kernels.decode.merge import Merger
 from snapmla_cute.kernels.decode.softmax import tree
 from snapmla_cute.kernels.decode.trace import Tracer
 from snapmla_cute.layouts import mma as M
@@ -32,27 +33,39 @@ from snapmla_cute.pipelines.handshakes import ClusterExchange
 
 
 @dataclass(frozen=True)
+class StoreSpot:
+    """Where a thread's rows of a tile leave from (``Epilogue.store_tile``): the m-tile, its
+    consumer WG and index in it, and its warp's staging buffer (shared address)."""
+
+    m_tile: Int32
+    wg: Int32
+    wg_tidx: Int32
+    buf: Int32
+
+
+@dataclass(frozen=True)
 class Epilogue:
     """The consumers' epilogue: ``io`` receives the results; ``pv_mma`` is the PV MMA whose
     accumulator layout the output tiles have; the per-warp staging buffers follow the KV
     stages' ``kv_smem_bytes`` (``storage.shared_storage``); ``tracer`` stamps the cluster
-    merge's steps (profiling only)."""
+    merge's steps (profiling only); ``merger`` holds the final LSE and the cluster merges."""
 
     cfg: DecodeConfig
     io: DecodeOutputs
     pv_mma: cute.TiledMma
     kv_smem_bytes: int
     tracer: Tracer
+    merger: Merger
 
     @cute.jit
-    def epilogue(self, acc_o_mn: list, state: tuple, m_tile: Int32, req: Int32, split_row: Int32, n_splits: Int32,
-                 any_blocks, wg: Int32, wg_tidx: Int32, kv_addr: Int32, amax_addr: Int32):
+    def epilogue(self, end: RequestEnd, split_row: Int32, n_splits: Int32, amax_addr: Int32):
         """This WG's 256 output columns, normalized by ℓ: bf16 into ``out`` (an unsplit
-        request) or into its split's partial row (f16 and a scale, or fp32); and the LSE.
-        ``state``: (m, σ_p, ℓ); ``amax_addr``: the two WGs' row maxima (shared)."""
+        request) or into its split's partial row ``split_row`` of ``n_splits`` (f16 and a
+        scale, or fp32); and the LSE. ``amax_addr``: the two WGs' row maxima (shared)."""
         cfg = self.cfg
         io, pv_mma_rs = self.io, self.pv_mma
-        row_max, sigma_p, row_sum = state
+        acc_o_mn, m_tile, req, wg, wg_tidx, kv_addr = end.acc_o_mn, end.m_tile, end.req, end.wg, end.wg_tidx, end.kv_addr
+        row_max, sigma_p, row_sum = end.state
         # this thread's coordinates from a laundered index: derived from the thread index
         # before the block loop, ptxas kept (and, in causal variants, spilled) them
         wg_tidx = ptx.launder(wg_tidx, req)
@@ -63,14 +76,7 @@ class Epilogue:
         inv = cute.make_rmem_tensor((rows_per_thr,), Float32)
         for i in cutlass.range_constexpr(rows_per_thr):
             row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
-            ell = row_sum[i]
-            if not any_blocks:
-                ell = 0.0
-            inv[i] = Float32(0.0)
-            lse = -Float32.inf
-            if ell > 0.0:
-                inv[i] = Float32(1.0) / ell
-                lse = (row_max[i] + cute.math.log2(sigma_p[i] * ell, fastmath=False)) * Float32(LN2)
+            inv[i], lse = self.merger.row_lse(row_max[i], sigma_p[i], row_sum[i], end.any_blocks)
             # a split's LSE is written by both WGs (the same value); the CTA counts its
             # split only after both WGs' writes (finish_split)
             if row < cfg.rows and wg_tidx % 4 == 0:
@@ -81,9 +87,10 @@ class Epilogue:
                     io.lse_partial[row, split_row] = lse
         warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
         buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES  # storage.epi (checked at launch)
+        spot = StoreSpot(m_tile, wg, wg_tidx, buf)
         if n_splits == 1:
-            self.store_tile(acc_o_mn, c_o_mn, inv, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf)
-        elif n_splits <= cfg.merge_few:
+            self.store_tile(acc_o_mn, c_o_mn, inv, io.out, req, BFloat16, spot)
+        elif n_splits <= MERGE_FEW:
             # few splits (many requests: the partials' traffic counts) as f16, each row
             # normalized by a power of two (its largest |value| to [2^14, 2^15)) with 1/f
             # kept beside it: half fp32's bytes, f16's 11 bits against e4m3's 4 in V, and
@@ -114,13 +121,12 @@ class Epilogue:
                 row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
                 if row < cfg.rows and wg == 0 and wg_tidx % 4 == 0:
                     scales[row, split_row] = inv_f
-            self.store_tile(acc_o_mn, c_o_mn, inv, o16, split_row, Float16, m_tile, wg, wg_tidx, buf, post=post)
+            self.store_tile(acc_o_mn, c_o_mn, inv, o16, split_row, Float16, spot, post=post)
         else:
-            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, m_tile, wg, wg_tidx, buf)
+            self.store_tile(acc_o_mn, c_o_mn, inv, io.o_partial, split_row, Float32, spot)
 
     @cute.jit
-    def cluster_epilogue(self, acc_o_mn: list, state: tuple, m_tile: Int32, req: Int32, any_blocks, wg: Int32,
-                         wg_tidx: Int32, kv_addr: Int32, mbar_addr: Int32):
+    def cluster_epilogue(self, end: RequestEnd, mbar_addr: Int32):
         """The cluster plan's end: this CTA (rank q of k) holds o/ℓ and the LSE of a k-th of
         the request's blocks. Rank d owns rows [Rd, R(d+1)), R = ``cluster_rows_per_rank``:
         every CTA sends the rows it does not own (only those below ``cfg.rows``: none past
@@ -134,7 +140,8 @@ class Epilogue:
         cfg = self.cfg
         io, pv_mma_rs = self.io, self.pv_mma
         k = cfg.cluster
-        row_max, sigma_p, row_sum = state
+        acc_o_mn, m_tile, req, wg, wg_tidx, kv_addr = end.acc_o_mn, end.m_tile, end.req, end.wg, end.wg_tidx, end.kv_addr
+        row_max, sigma_p, row_sum = end.state
         wg_tidx = ptx.launder(wg_tidx, req)
         c_o = pv_mma_rs.get_slice(wg_tidx).partition_C(cute.make_identity_tensor((L.M_TILE, cfg.pv_n)))
         c_o_mn = cute.make_tensor(c_o.iterator, M.acc_mn_layout(pv_mma_rs, c_o.layout))
@@ -151,14 +158,7 @@ class Epilogue:
         inv = cute.make_rmem_tensor((rows_per_thr,), Float32)
         lse = cute.make_rmem_tensor((rows_per_thr,), Float32)
         for i in cutlass.range_constexpr(rows_per_thr):
-            ell = row_sum[i]
-            if not any_blocks:
-                ell = 0.0
-            inv[i] = Float32(0.0)
-            lse[i] = -Float32.inf
-            if ell > 0.0:
-                inv[i] = Float32(1.0) / ell
-                lse[i] = (row_max[i] + cute.math.log2(sigma_p[i] * ell, fastmath=False)) * Float32(LN2)
+            inv[i], lse[i] = self.merger.row_lse(row_max[i], sigma_p[i], row_sum[i], end.any_blocks)
         # laundered like wg_tidx: values hoisted above the block loop were spilled there
         rank = ptx.launder(cute.arch.block_idx_in_cluster(), req)
         mbar_addr = ptx.launder(mbar_addr, req)
@@ -176,7 +176,7 @@ class Epilogue:
         # send the rows other ranks own: slot = my index among the owner's peers
         for i in cutlass.range_constexpr(rows_per_thr):
             row = c_o_mn[i, 0][0]
-            owner = self.owner(row)
+            owner = self.merger.owner(row)
             if cutlass.const_expr(span < L.M_TILE):
                 if row >= span:
                     owner = rank
@@ -184,7 +184,7 @@ class Epilogue:
                 slot = rank
                 if rank > owner:
                     slot = rank - 1
-                pidx = self.owned_slab(row, owner)
+                pidx = self.merger.owned_slab(row, owner)
                 base = kv_addr + ((slot * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
                 rbase = ptx.mapa(base, owner)
                 # fewer rows than the tile (8-32 heads, one tile): the rows past them are
@@ -216,8 +216,8 @@ class Epilogue:
                                     cute.make_layout((cfg.cluster_recv_bytes[1] // 4,)))
             for i in cutlass.range_constexpr(rows_per_thr):
                 row = c_o_mn[i, 0][0]
-                if self.owner(row) == rank:
-                    pidx = self.owned_slab(row, rank)
+                if self.merger.owner(row) == rank:
+                    pidx = self.merger.owned_slab(row, rank)
                     base = (((k - 1) * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16
                     for v in cutlass.range_constexpr(vecs):
                         h = 4 * v // vals
@@ -228,144 +228,17 @@ class Epilogue:
                         cute.autovec_copy(x, cute.local_tile(recv, (4,), ((base + v * 512) // 16,)))
                     if wg == 0 and lane % 4 == 0:
                         recv[lse_off // 4 + (k - 1) * L.M_TILE + row] = lse[i]
-            self.spread_merge(recv, vals, rank, m_tile, req, wg * roles.THREADS_PER_WG + wg_tidx)
+            self.merger.spread_merge(recv, pv_mma_rs, vals, rank, m_tile, req, wg * roles.THREADS_PER_WG + wg_tidx)
         else:
-            # merge the rows this rank owns, in the accumulator's registers
-            recv = cute.make_tensor(cute.make_ptr(Float32, kv_addr, cute.AddressSpace.smem, assumed_align=16),
-                                    cute.make_layout((lse_off // 4 + (k - 1) * L.M_TILE,)))
-            one = cute.make_rmem_tensor((rows_per_thr,), Float32)
-            for i in cutlass.range_constexpr(rows_per_thr):
-                row = c_o_mn[i, 0][0]
-                one[i] = Float32(0.0)
-                if self.owner(row) == rank:
-                    one[i] = Float32(1.0)
-                    pidx = self.owned_slab(row, rank)
-                    m = lse[i]
-                    for q in cutlass.range(peers, unroll=1):
-                        m = cutlass.max(m, recv[lse_off // 4 + q * L.M_TILE + row])
-                    total = Float32(0.0)
-                    if m > -Float32.inf:
-                        total = cute.math.exp2((lse[i] - m) * Float32(1.0 / LN2), fastmath=False)
-                        for q in cutlass.range(peers, unroll=1):
-                            total += cute.math.exp2(
-                                (recv[lse_off // 4 + q * L.M_TILE + row] - m) * Float32(1.0 / LN2), fastmath=False)
-                    lse_tot = -Float32.inf
-                    if total > 0.0:
-                        lse_tot = m + cute.math.log2(total, fastmath=False) * Float32(LN2)
-                    w_self = Float32(0.0)
-                    if lse[i] > -Float32.inf:
-                        w_self = cute.math.exp2((lse[i] - lse_tot) * Float32(1.0 / LN2), fastmath=False)
-                    f_self = w_self * inv[i]
-                    for h in cutlass.range_constexpr(PV_SPLITS):
-                        for j in cutlass.range_constexpr(vals):
-                            acc_o_mn[h][i, j] = acc_o_mn[h][i, j] * f_self
-                    for q in cutlass.range(peers, unroll=1):
-                        lq = recv[lse_off // 4 + q * L.M_TILE + row]
-                        w_q = Float32(0.0)
-                        if lq > -Float32.inf:
-                            w_q = cute.math.exp2((lq - lse_tot) * Float32(1.0 / LN2), fastmath=False)
-                        base = (((q * 2 + wg) * blocks8 + pidx) * vecs * 512 + lane * 16) // 4
-                        for v in cutlass.range_constexpr(vecs):
-                            x = cute.make_rmem_tensor((4,), Float32)
-                            cute.autovec_copy(cute.local_tile(recv, (4,), ((base + v * 128) // 4,)), x)
-                            h = 4 * v // vals
-                            j = 4 * v % vals
-                            for e in cutlass.range_constexpr(4):
-                                acc_o_mn[h][i, j + e] = acc_o_mn[h][i, j + e] + w_q * x[e]
-                    grow = m_tile * L.M_TILE + row
-                    if grow < cfg.rows and wg == 0 and lane % 4 == 0:
-                        io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
+            one = self.merger.cluster_rows(acc_o_mn, c_o_mn, lse, inv, end, rank, peers, lane)
             warp = wg * (roles.THREADS_PER_WG // 32) + wg_tidx // 32
             buf = kv_addr + self.kv_smem_bytes + warp * EPI_BYTES
-            self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, m_tile, wg, wg_tidx, buf, owner_rank=rank)
-
-    @cute.jit
-    def spread_merge(self, recv: cute.Tensor, vals: cutlass.Constexpr, rank: Int32, m_tile: Int32, req: Int32,
-                     ctid: Int32):
-        """The cluster merge where the ranks own only live rows (``cluster_merge_spread``), by
-        all 256 consumer threads, where the holders of a rank's rows are a few (at 16 heads
-        and k = 8, 16 threads): each thread takes 16 bytes of an owned row at a time, loads
-        it from the k slots (the peers', then this rank's) and their LSEs all at once,
-        weights them by exp(lse_q - lse), sums them and stores bf16 (two column pairs); and
-        each row's LSE. ``recv``: the merge buffer (``cluster_recv_bytes``, fp32); ``vals``:
-        the accumulator's values per row, PV split and quad-lane. Items follow the slabs'
-        order (``cluster_epilogue``): vector v of quad-lane c of a WG's row o at
-        ((wg·blocks8 + o/8)·16 + v)·512 + (4·(row mod 8) + c)·16."""
-        cfg = self.cfg
-        io, pv_mma_rs = self.io, self.pv_mma
-        k = cfg.cluster
-        R = cfg.cluster_rows_per_rank
-        vecs = PV_SPLITS * vals // 4  # 16-byte vectors per quad-lane of a row
-        blocks8 = max(R // 8, 1)
-        slot_floats = roles.NUM_CONSUMER_WGS * blocks8 * vecs * 128
-        lse_off, _ = cfg.cluster_recv_bytes
-        pair = pipeline.NamedBarrier(barrier_id=int(roles.Barrier.PAIR_SYNC), num_threads=roles.PAIR_THREADS)
-        pair.arrive_and_wait()  # this rank's own slot is written
-        items = roles.NUM_CONSUMER_WGS * vecs * R * 4
-        for it in cutlass.range(ctid, items, roles.PAIR_THREADS, unroll=1):
-            c = it % 4
-            o = it // 4 % R
-            v = it // (4 * R) % vecs
-            w = it // (4 * R * vecs)
-            row = rank * R + o
-            off = ((w * blocks8 + o // 8) * vecs + v) * 128 + (4 * (row % 8) + c) * 4
-            lq = cute.make_rmem_tensor((k,), Float32)
-            x = [cute.make_rmem_tensor((4,), Float32) for _ in range(k)]
-            for q in cutlass.range_constexpr(k):
-                lq[q] = recv[lse_off // 4 + q * L.M_TILE + row]
-                cute.autovec_copy(cute.local_tile(recv, (4,), ((q * slot_floats + off) // 4,)), x[q])
-            m = lq[0]
-            for q in cutlass.range_constexpr(1, k):
-                m = cutlass.max(m, lq[q])
-            total_w = Float32(0.0)
-            if m > -Float32.inf:
-                for q in cutlass.range_constexpr(k):
-                    total_w += cute.math.exp2((lq[q] - m) * Float32(1.0 / LN2), fastmath=False)
-            lse_tot = -Float32.inf
-            if total_w > 0.0:
-                lse_tot = m + cute.math.log2(total_w, fastmath=False) * Float32(LN2)
-            acc = cute.make_rmem_tensor((4,), Float32)
-            acc.fill(0.0)
-            for q in cutlass.range_constexpr(k):
-                w_q = Float32(0.0)
-                if lq[q] > -Float32.inf:
-                    w_q = cute.math.exp2((lq[q] - lse_tot) * Float32(1.0 / LN2), fastmath=False)
-                acc.store(acc.load() + x[q].load() * w_q)
-            grow = m_tile * L.M_TILE + row
-            if grow < cfg.rows:
-                if it < 4 * R and c == 0:  # one item a row
-                    io.lse[req, grow % cfg.heads, grow // cfg.heads] = lse_tot
-                if not cutlass.const_expr("store" in cfg.skip):
-                    # quad-lane c's columns: its accumulator partition (rows 0 and 8 of warp
-                    # 0); values j, j + 1 are one column pair, as in store_tile
-                    c_q = pv_mma_rs.get_slice(c).partition_C(cute.make_identity_tensor((L.M_TILE, cfg.pv_n)))
-                    c_q_mn = cute.make_tensor(c_q.iterator, M.acc_mn_layout(pv_mma_rs, c_q.layout))
-                    col0 = (w * PV_SPLITS + 4 * v // vals) * cfg.pv_n
-                    for e in cutlass.range_constexpr(0, 4, 2):
-                        pr = cute.make_rmem_tensor((2,), BFloat16)
-                        pr[0] = acc[e].to(BFloat16)
-                        pr[1] = acc[e + 1].to(BFloat16)
-                        col = col0 + c_q_mn[0, 4 * v % vals + e][1]
-                        cute.autovec_copy(pr, cute.local_tile(io.out[grow, None, req], (2,), (col // 2,)))
-
-    def owner(self, row):
-        """The cluster rank that owns a tile row in the cluster merge: rank d owns rows [R·d,
-        R·(d+1)), R = ``cluster_rows_per_rank`` (the rows past R·k none owns; the sender keeps
-        them)."""
-        return row // self.cfg.cluster_rows_per_rank
-
-    def owned_slab(self, row, owner):
-        """Which of ``owner``'s 8-row slabs in the cluster merge's buffer holds ``row`` (one slab
-        where a rank owns 1-4 rows)."""
-        rows_per_rank = self.cfg.cluster_rows_per_rank
-        if rows_per_rank < 8:
-            return 0
-        return row // 8 - owner * (rows_per_rank // 8)
+            self.store_tile(acc_o_mn, c_o_mn, one, io.out, req, BFloat16, StoreSpot(m_tile, wg, wg_tidx, buf),
+                            owner_rank=rank)
 
     @cute.jit
     def store_tile(self, acc_o_mn: list, c_o_mn: cute.Tensor, inv: cute.Tensor, m_dst: cute.Tensor, idx: Int32,
-                   dtype: cutlass.Constexpr, m_tile: Int32, wg: Int32, wg_tidx: Int32, buf: Int32, owner_rank=None,
-                   post: cute.Tensor = None):
+                   dtype: cutlass.Constexpr, spot: StoreSpot, owner_rank=None, post: cute.Tensor = None):
         """o·inv (per row; then ·post, per row, where given) as ``dtype`` into ``m_dst[row,
         wg's columns, idx]`` through a 1 KB shared buffer per warp (8 rows x 128 bytes;
         ``owner_rank``: only the rows that cluster rank owns): a warp's accumulator holds 16
@@ -375,6 +248,7 @@ class Epilogue:
         accumulator, a warp's store touches 8 rows' lines for 8 (4) bytes a lane, and the
         per-line cost of the store path made the tile's writes the tail of a short split."""
         cfg = self.cfg
+        m_tile, wg, wg_tidx, buf = spot.m_tile, spot.wg, spot.wg_tidx, spot.buf
         pv_n = cfg.pv_n
         ebytes = dtype.width // 8
         chunk_cols = EPI_ROW_BYTES // ebytes  # columns per pass
@@ -423,7 +297,7 @@ class Epilogue:
                             owned = row0
                             if cutlass.const_expr(cfg.cluster_rows_per_rank != L.M_TILE // cfg.cluster):
                                 owned = row0 + lr
-                            if (row0 + lr < cfg.rows and self.owner(owned % L.M_TILE) == owner_rank
+                            if (row0 + lr < cfg.rows and self.merger.owner(owned % L.M_TILE) == owner_rank
                                     and not cutlass.const_expr("store" in cfg.skip)):
                                 cute.autovec_copy(
                                     v, cute.local_tile(m_dst[row0 + lr, None, idx], (per_unit,), (col0 // per_unit + u,))

@@ -26,10 +26,11 @@ from snapmla_cute.kernels.decode.args import (
     ConsumerSync, DecodeInputs, DecodeMmas, DecodeOutputs, SmemLayouts, TmaLoads,
 )
 from snapmla_cute.kernels.decode.config import (
-    CLUSTER_SIZES, EPI_BUFFER_BYTES, FP8, MERGE_BATCH, Q_SPLIT_KV_STAGES, SM90_SMEM_BYTES, DecodeConfig,
+    CLUSTER_SIZES, EPI_BUFFER_BYTES, FP8, Q_SPLIT_KV_STAGES, SM90_SMEM_BYTES, DecodeConfig,
 )
 from snapmla_cute.kernels.decode.consumer import Consumer
 from snapmla_cute.kernels.decode.epilogue import Epilogue
+from snapmla_cute.kernels.decode.launch import KernelArgs, entry_signature, from_entry
 from snapmla_cute.kernels.decode.merge import Merger
 from snapmla_cute.kernels.decode.plan import PartWork, Planner
 from snapmla_cute.kernels.decode.producer import Producer
@@ -49,8 +50,6 @@ class DecodeKernel:
     warpgroup's role object)."""
 
     def __init__(self, cfg: DecodeConfig):
-        if cfg.merge_few < 0 or (cfg.merge_few and MERGE_BATCH % cfg.merge_few):
-            raise ValueError(f"DecodeConfig: merge_few must be 0 or a divisor of {MERGE_BATCH}; got {cfg}")
         if cfg.sparse and (cfg.page_size != 1 or cfg.causal or cfg.s_q != 1):
             raise ValueError(f"DecodeConfig: sparse needs page_size 1, s_q 1, not causal; got {cfg}")
         if cfg.visible and not cfg.causal:
@@ -61,41 +60,31 @@ class DecodeKernel:
         if cfg.cluster not in CLUSTER_SIZES:
             raise ValueError(f"DecodeConfig: cluster must be one of {CLUSTER_SIZES}; got {cfg}")
         self.cfg = cfg
-        self.roles = roles.layout(cfg.transposer)
+        self.roles = roles.LAYOUT
         self.threads = self.roles.threads
         self.scheduler = DecodeSchedulerKernel(cfg.scheduler)
         self.n_scale = L.BLOCK_N // cfg.scale_box  # scale slots per block
         self.scale_stride = max(cfg.scale_box, 32)  # floats between slots of scales
 
     # ------------------------------------------------------------------ host side
+    def _call(self, *entry):
+        """The compiled entry of the kernel alone (the compile report's ``decode`` variants):
+        ``launch.KernelArgs``'s fields and the stream."""
+        args, stream = from_entry(KernelArgs, entry)
+        self.launch(args, stream)
+
+    _call.__signature__ = entry_signature(KernelArgs)
+    __call__ = cute.jit(_call)
+
     @cute.jit
-    def __call__(
-        self,
-        m_q_nope: cute.Tensor,  # uint8 (R, 512, b)
-        m_q_rope: cute.Tensor,  # bf16 (R, 64, b)
-        m_q_scale: cute.Tensor,  # fp32 (R, b)
-        m_kv_content: cute.Tensor,  # uint8 (page_size, 512, P)
-        m_kv_rope: cute.Tensor,  # bf16 (page_size, 64, P)
-        m_kv_scale: cute.Tensor,  # fp32 (page_size, P)
-        m_block_table: cute.Tensor,  # int32 (b, max_pages)
-        m_seqlens: cute.Tensor,  # int32 (b,)
-        m_sched: cute.Tensor,  # int32 (parts, 8)
-        m_split_offsets: cute.Tensor,  # int32 (b + 1,)
-        m_out: cute.Tensor,  # bf16 (R, 512, b)
-        m_lse: cute.Tensor,  # fp32 (b, h, s_q)
-        m_o_partial: cute.Tensor,  # fp32 (R, 512, splits)
-        m_lse_partial: cute.Tensor,  # fp32 (R, splits)
-        m_counters: cute.Tensor,  # int32 (b, 2 * m_tiles), zero between calls
-        scale_log2: Float32,
-        stream,
-        m_visible: cute.Tensor = None,  # int32 (s_q, b): ``DecodeConfig.visible``'s counts
-        m_q_lo: cute.Tensor = None,  # uint8 (R, 512, b): ``DecodeConfig.q_split``'s residual codes
-    ):
+    def launch(self, args: KernelArgs, stream):
+        """MMAs, layouts, TMA atoms and shared storage for ``args`` (``launch.KernelArgs``),
+        then the launch: a CTA per (query tile, part)."""
         cfg = self.cfg
-        if cutlass.const_expr((m_q_lo is not None) != cfg.q_split):
-            raise ValueError(f"decode: q_lo given: {m_q_lo is not None}, but the config says q_split={cfg.q_split}")
-        m_q_nope = cute.make_tensor(cute.recast_ptr(m_q_nope.iterator, dtype=FP8), m_q_nope.layout)
-        m_kv_content = cute.make_tensor(cute.recast_ptr(m_kv_content.iterator, dtype=FP8), m_kv_content.layout)
+        if cutlass.const_expr((args.q_lo is not None) != cfg.q_split):
+            raise ValueError(f"decode: q_lo given: {args.q_lo is not None}, but the config says q_split={cfg.q_split}")
+        m_q_nope = cute.make_tensor(cute.recast_ptr(args.q_nope.iterator, dtype=FP8), args.q_nope.layout)
+        m_kv_content = cute.make_tensor(cute.recast_ptr(args.kv_content.iterator, dtype=FP8), args.kv_content.layout)
         K = OperandMajorMode.K
         qk_mma = sm90_utils.make_trivial_tiled_mma(FP8, FP8, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
         qk_rope_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K, K, Float32, (1, 1, 1), (L.M_TILE, L.BLOCK_N))
@@ -124,12 +113,12 @@ class DecodeKernel:
             cpasync.CopyBulkTensorTileG2SOp(), m_q_nope, cute.slice_(q_nope_sl, (None, None, 0)), (L.M_TILE, CONTENT_DIM)
         )
         tma_q_rope, g_q_rope = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m_q_rope, cute.slice_(q_rope_sl, (None, None, 0)), (L.M_TILE, ROPE_DIM)
+            cpasync.CopyBulkTensorTileG2SOp(), args.q_rope, cute.slice_(q_rope_sl, (None, None, 0)), (L.M_TILE, ROPE_DIM)
         )
         self.q_bytes = L.M_TILE * CONTENT_DIM + L.M_TILE * ROPE_DIM * 2
         q_lo = None
         if cutlass.const_expr(cfg.q_split):
-            m_q_lo = cute.make_tensor(cute.recast_ptr(m_q_lo.iterator, dtype=FP8), m_q_lo.layout)
+            m_q_lo = cute.make_tensor(cute.recast_ptr(args.q_lo.iterator, dtype=FP8), args.q_lo.layout)
             tma_q_lo, g_q_lo = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileG2SOp(), m_q_lo, cute.slice_(q_nope_sl, (None, None, 0)), (L.M_TILE, CONTENT_DIM)
             )
@@ -139,16 +128,16 @@ class DecodeKernel:
             # the producer gathers the KV rows with cp.async (``Producer.load_sparse``): the
             # cache tensors go as they are, beside Q's atom in the unused atom slots
             tma_kv, g_kv, tma_kr, g_kr, tma_ks, g_ks = (
-                tma_q_nope, m_kv_content, tma_q_nope, m_kv_rope, tma_q_nope, m_kv_scale
+                tma_q_nope, m_kv_content, tma_q_nope, args.kv_rope, tma_q_nope, args.kv_scale
             )
             self.kv_bytes = 0
         else:
             kv_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kv_sl, (None, None, 0)), (br, CONTENT_DIM)), (None, None, 0, 0))
             kr_box_sl = cute.slice_(cute.flat_divide(cute.slice_(kr_sl, (None, None, 0)), (br, ROPE_DIM)), (None, None, 0, 0))
             tma_kv, g_kv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_content, kv_box_sl, (br, CONTENT_DIM))
-            tma_kr, g_kr = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), m_kv_rope, kr_box_sl, (br, ROPE_DIM))
+            tma_kr, g_kr = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), args.kv_rope, kr_box_sl, (br, ROPE_DIM))
             tma_ks, g_ks = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(), m_kv_scale, cute.make_layout((br,)), (br,)
+                cpasync.CopyBulkTensorTileG2SOp(), args.kv_scale, cute.make_layout((br,)), (br,)
             )
             self.kv_bytes = L.BLOCK_N * CONTENT_DIM + L.BLOCK_N * ROPE_DIM * 2 + L.BLOCK_N * 4
 
@@ -164,16 +153,16 @@ class DecodeKernel:
         if cutlass.const_expr(cfg.cluster_recv_bytes[1] > merge_room):
             raise ValueError(f"decode: the cluster merge of {cfg.cluster} needs {cfg.cluster_recv_bytes[1]} B of KV "
                              f"stages, {cfg.kv_stages} stages have {merge_room} B")
-        num_parts = m_sched.shape[0]
+        num_parts = args.sched.shape[0]
         # the bundles flatten, in this order, into the kernel's parameters
         self.kernel(
             DecodeMmas(qk_mma, qk_rope_mma, pv_mma_rs, pv_mma_ss, qk_mma0, pv_mma0, pv_mma_rs0),
             TmaLoads((tma_q_nope, g_q_nope), (tma_q_rope, g_q_rope), (tma_kv, g_kv), (tma_kr, g_kr), (tma_ks, g_ks)),
-            DecodeInputs(m_q_scale, m_block_table, m_seqlens, m_sched, m_split_offsets),
-            DecodeOutputs(m_out, m_lse, m_o_partial, m_lse_partial, m_counters),
-            scale_log2,
+            DecodeInputs(args.q_scale, args.block_table, args.seqlens, args.sched, args.split_offsets),
+            DecodeOutputs(args.out, args.lse, args.o_partial, args.lse_partial, args.counters),
+            args.scale_log2,
             SmemLayouts(q_nope_sl, q_rope_sl, kv_sl, kr_sl, vt_sl, p_sl),
-            m_visible,
+            args.visible,
             q_lo,
         ).launch(
             grid=[cfg.m_tiles, num_parts, 1],
@@ -206,7 +195,7 @@ class DecodeKernel:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // roles.THREADS_PER_WG)
 
-        # profiling stamps (DecodeConfig.trace / trace_loop; no code otherwise), read by the roles
+        # profiling stamps (DecodeConfig.trace; no code otherwise), read by the roles
         tracer = Tracer.make(cfg, io.o_partial, inputs.sched, m_tile, part)
         # safe this early: a dependent's griddepcontrol.wait still waits for this whole
         # grid, and it is scheduled only after every CTA of this grid has started
@@ -243,8 +232,7 @@ class DecodeKernel:
             ring, storage.qk_mbar.data_ptr(), storage.vt_mbar.data_ptr(),
             storage.vt_valid.get_tensor(cute.make_layout((cfg.kv_stages,))),
         )
-        if cutlass.const_expr(cfg.transposer):
-            handshake.init(tidx)
+        handshake.init(tidx)
         if cutlass.const_expr(cfg.cluster > 1):
             ClusterExchange.init(storage.cl_mbar.data_ptr(), cfg.cluster, cfg.cluster_rows_per_rank * cfg.cluster, tidx)
         cute.arch.mbarrier_init_fence()
@@ -266,7 +254,6 @@ class DecodeKernel:
         if tidx == 0:
             tracer.stamp("planned")
 
-        transposer = Transposer(cfg, tracer)
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(roles.PRODUCER_REGS)
             producer = Producer(cfg, tracer, tma, smem, q_lo)
@@ -278,24 +265,21 @@ class DecodeKernel:
                 producer.load(inputs.block_table, q_prod, kv_prod, m_tile, work)
         else:
             kv_addr = smem.kv_addr()
+            merger = Merger(cfg, tracer, io)
             consumer = Consumer(
                 cfg, self.roles, tracer, mmas, smem,
                 ConsumerSync(ring, handshake, PairExchange(smem.state), q_cons),
                 inputs, scale_log2, m_visible,
-                Epilogue(cfg, io, mmas.pv_rs, self.kv_smem_bytes, tracer),
-                Merger(cfg, tracer, io),
-                transposer,
+                Epilogue(cfg, io, mmas.pv_rs, self.kv_smem_bytes, tracer, merger),
+                merger,
             )
-            if cutlass.const_expr(cfg.transposer):
-                # the consumers' branch comes last: ptxas spilled them at 224 registers when
-                # the transposer's 40-register branch followed it
-                if wg_idx == self.roles.transposer_wg:
-                    cute.arch.setmaxregister_decrease(roles.TRANSPOSER_REGS)
-                    kv_addr_t = smem.kv_addr()
-                    wg_tidx = tidx % roles.THREADS_PER_WG
-                    work = PartWork.read(smem.plan, inputs.seqlens)
-                    transposer.transpose_blocks(work, kv_addr_t, handshake, wg_tidx)
-                else:
-                    consumer.run(m_tile, wg_idx, kv_addr)
+            # the consumers' branch comes last: ptxas spilled them at 224 registers when the
+            # transposer's 40-register branch followed it
+            if wg_idx == self.roles.transposer_wg:
+                cute.arch.setmaxregister_decrease(roles.TRANSPOSER_REGS)
+                kv_addr_t = smem.kv_addr()
+                wg_tidx = tidx % roles.THREADS_PER_WG
+                work = PartWork.read(smem.plan, inputs.seqlens)
+                Transposer(cfg, tracer).transpose_blocks(work, kv_addr_t, handshake, wg_tidx)
             else:
                 consumer.run(m_tile, wg_idx, kv_addr)

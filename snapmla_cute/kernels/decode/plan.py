@@ -160,7 +160,7 @@ class Planner:
             s_plan[3] = e_blk
             s_plan[4] = split
             if cutlass.const_expr(self.cfg.cluster > 1):
-                # PartWork.clustered (never, with the rule compiled out: whole_plans False)
+                # PartWork.clustered (never with the rule compiled out)
                 if cutlass.const_expr(rule):
                     s_plan[15] = whole
                 else:
@@ -184,9 +184,6 @@ class Planner:
                 if cutlass.const_expr(self.scheduler.cfg.cluster > 1):
                     if whole == PLAN_CLUSTER:
                         busy = batch * self.scheduler.cfg.cluster
-                if cutlass.const_expr(self.scheduler.cfg.pairs):
-                    if whole == 2:
-                        busy = 2 * batch
             helpers = cutlass.max(num_parts - busy, 0)
             s_plan[9] = helpers
             s_plan[10] = -1
@@ -218,12 +215,8 @@ class Planner:
     def whole_requests(self, total: Int32, c_max: Int32, batch: Int32, num_parts: Int32) -> Int32:
         """The scheduler's whole-request rule with this kernel's constants (``DecodeConfig.scheduler``)."""
         c = self.scheduler.cfg
-        whole = self.scheduler.whole_requests(total, c_max, batch, num_parts, Int32(c.split_units), Int32(c.stream_parts),
-                                            c.cluster)
-        if cutlass.const_expr(c.pairs):
-            if 2 * batch <= num_parts:
-                whole = Int32(2)
-        return whole
+        return self.scheduler.whole_requests(total, c_max, batch, num_parts, Int32(c.split_units),
+                                             Int32(c.stream_parts), c.cluster)
 
     @cute.jit
     def plan_warp(self, m_seqlens: cute.Tensor, s_pre: cute.Tensor, s_split: cute.Tensor, batch: Int32, num_parts: Int32,

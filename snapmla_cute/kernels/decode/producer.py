@@ -118,7 +118,6 @@ class Producer:
             cached = Int32(OOB_PAGE)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                 hk = kv_prod.acquire_and_advance()
-                self.tracer.producer_acquired(r, blk - blk_lo, lane)
                 for sub in cutlass.range_constexpr(self.n_sub):
                     tok = blk * L.BLOCK_N + sub * br
                     entry = tok // cfg.page_size

@@ -104,7 +104,7 @@ class OnlineSoftmax:
             self.gamma[i] = Float32(1.0)
 
     @cute.jit
-    def step(self, acc_s_mn, c_s_mn, ks_pre, blk, valid, first_blk, masked: cutlass.Constexpr, mark=None):
+    def step(self, acc_s_mn, c_s_mn, ks_pre, blk, valid, first_blk, masked: cutlass.Constexpr):
         """Alg. 1 lines 4-9 for this thread's rows: scores in the log2 domain, P = 2^(s-m),
         P' = P·σ_k, σ_p = rowmax(P')/448, P'/σ_p left in ``acc_s_mn`` for the e4m3 cast;
         updates (m, σ_p, ℓ) and this block's γ. ``ks_pre``: σ_k of this thread's columns,
@@ -116,8 +116,7 @@ class OnlineSoftmax:
         ``masked`` (a request's last block, or causal rows): columns past a row's visible
         length get t = -inf and σ_k = 0 (those slots may hold NaN; their P is 0, and 0·0
         keeps P' clean without a per-element test); whole blocks skip both. Sparse: a key
-        the producer zero-filled (σ_k = 0) gets t = -inf in every block. ``mark``: ``DecodeConfig.trace_loop``'s
-        stamp for the phases."""
+        the producer zero-filled (σ_k = 0) gets t = -inf in every block."""
         rows_per_thr = cute.size(c_s_mn, mode=[0])
         cols_per_thr = cute.size(c_s_mn, mode=[1])
         q_fac = self.q_fac
@@ -160,8 +159,6 @@ class OnlineSoftmax:
         for off in (2, 1):  # the quad's max, rows interleaved
             for i in cutlass.range_constexpr(rows_per_thr):
                 t_max[i] = cute.arch.fmax(t_max[i], cute.arch.shuffle_sync_bfly(t_max[i], offset=off))
-        if cutlass.const_expr(mark is not None):
-            mark("sm_max")
         m_prev = [None] * rows_per_thr
         m_new = [None] * rows_per_thr
         m_safe = [None] * rows_per_thr
@@ -193,8 +190,6 @@ class OnlineSoftmax:
             for i in cutlass.range_constexpr(rows_per_thr):
                 sums[i] = sums[i] + cute.arch.shuffle_sync_bfly(sums[i], offset=off)
                 p_max[i] = cute.arch.fmax(p_max[i], cute.arch.shuffle_sync_bfly(p_max[i], offset=off))
-        if cutlass.const_expr(mark is not None):
-            mark("sm_exp")
         for i in cutlass.range_constexpr(rows_per_thr):
             sig_prev = sigma_p[i]
             if first_blk:

@@ -8,11 +8,12 @@ trace time: a call from Python makes no view objects, and TVM-FFI's argument dec
 C) checks every tensor's dtype, shape, strides, alignment and device, batch sizes tied
 across arguments through one symbolic size.
 
-One step class serves every call the API makes, with one signature: dense or sparse by
-its config; the optional trailing tensors select a causal shard's visible-key counts
-(``m_visible``, dense) and a bf16 query to quantize first (``m_q``). Argument order groups
-what changes per call (queries, tables, outputs), then the cache, then the metadata
-buffers, so the Python side can pass the last two as prebuilt tuples.
+One step class serves every call the API makes, with one signature, ``launch.StepArgs``'s
+fields: dense or sparse by its config; the optional trailing tensors select a causal
+shard's visible-key counts (``visible``, dense), a bf16 query to quantize first (``q``) and
+the accurate mode's residual codes (``q_lo``). Argument order groups what changes per call
+(queries, tables, outputs), then the cache, then the metadata buffers, so the Python side
+can pass the last two as prebuilt tuples.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32
+from cutlass import BFloat16
 
 from snapmla_cute.format import CONTENT_DIM, HEAD_DIM, KV_ROW_BYTES, ROPE_DIM
 from snapmla_cute.kernels.decode.config import DecodeConfig
 from snapmla_cute.kernels.decode.kernel import DecodeKernel
+from snapmla_cute.kernels.decode.launch import KernelArgs, StepArgs, entry_signature, from_entry
 from snapmla_cute.kernels.quant_q import QuantizeQKernel, QuantQConfig
 from snapmla_cute.kernels.views import view as _view
 
@@ -36,7 +38,7 @@ class DecodeStepConfig:
     shard's visible-key counts). ``head_groups`` g > 1 (s_q 1): a call's request of
     g·``decode.heads`` heads runs as g kernel requests of ``decode.heads`` heads each,
     sharing its block-table row and length (the head-group plan of small batches: a
-    request's heads over CTAs, ``planning.default_head_groups``)."""
+    request's heads over CTAs, ``heads.default_head_groups``)."""
 
     decode: DecodeConfig
     head_groups: int = 1
@@ -80,133 +82,117 @@ class DecodeStepKernel:
         # (token, head) rows of a call's request
         self.q_rows = (cfg.s_q if self.sparse else cfg.decode.s_q) * cfg.decode.heads * self.groups
 
-    @cute.jit
-    def __call__(
-        self,
-        m_q_nope: cute.Tensor,  # e4m3 [b, s_q, h, 512] (written first from m_q when given)
-        m_q_rope: cute.Tensor,  # bf16 [b, s_q, h, 64]
-        m_q_scale: cute.Tensor,  # fp32 [b, s_q, h]
-        m_table: cute.Tensor,  # int32: dense [b, max_pages] (any row stride); sparse [b, s_q, topk]
-        m_lengths: cute.Tensor,  # int32 [b]: tokens (dense), list entries that count (sparse)
-        m_out: cute.Tensor,  # bf16 [b, s_q, h, 512]
-        m_lse: cute.Tensor,  # fp32 [b, h, s_q]
-        m_kv: cute.Tensor,  # uint8: dense [pages, page_size, 640]; sparse [slots, 640]
-        m_kv_scale: cute.Tensor,  # fp32: dense [pages, page_size]; sparse [slots]
-        m_sched: cute.Tensor,  # int32 [parts, 8]
-        m_split_heads: cute.Tensor,  # int32: the first b (sparse: b·s_q) of split_offsets' entries
-        m_o_partial: cute.Tensor,  # fp32 [splits, R, 512] (a few-split request: f16 and scales,
-        #                            DecodeOutputs.partial_views)
-        m_lse_partial: cute.Tensor,  # fp32 [splits, R]
-        m_counters: cute.Tensor,  # int32 dense [b, 2 * m_tiles], sparse [b, s_q, 2 * m_tiles]; zero between calls
-        scale_log2: Float32,
-        stream,
-        m_visible: cute.Tensor = None,  # int32 [b, s_q]: a causal shard's visible keys (dense)
-        m_q: cute.Tensor = None,  # bf16 [b, s_q, h, 576]: quantized into m_q_nope/rope/scale first
-        m_q_lo: cute.Tensor = None,  # e4m3 [b, s_q, h, 512]: the residual's codes (``q_split``)
-    ):
-        if cutlass.const_expr((m_visible is not None) != self.cfg.decode.visible):
-            raise ValueError(f"decode step: visible counts given: {m_visible is not None}, but the config "
-                             f"says visible={self.cfg.decode.visible}")
-        if cutlass.const_expr(m_q is not None):
-            self.quantize_query(m_q, m_q_nope, m_q_rope, m_q_scale, m_q.shape[0] * self.q_rows, stream, m_q_lo)
-        tensors = (m_q_nope, m_q_rope, m_q_scale, m_table, m_lengths, m_out, m_lse, m_kv, m_kv_scale, m_sched,
-                   m_split_heads, m_o_partial, m_lse_partial, m_counters)
-        q_lo = None
-        if cutlass.const_expr(m_q_lo is not None):  # laid out as q_nope's view
-            h = self.cfg.decode.heads
-            R, n = (h, m_q_lo.shape[0] * self.cfg.s_q) if self.sparse else (self.cfg.decode.rows,
-                                                                             m_q_lo.shape[0] * self.groups)
-            q_lo = _view(m_q_lo, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), cutlass.Uint8)
-        if cutlass.const_expr(self.sparse):
-            self.decode(*self.sparse_views(*tensors), scale_log2, stream, None, q_lo)
-        elif cutlass.const_expr(m_visible is not None):
-            s_q = self.cfg.decode.s_q
-            b = m_q_nope.shape[0]
-            self.decode(*self.dense_views(*tensors), scale_log2, stream, _view(m_visible, (s_q, b), (1, s_q)), q_lo)
-        else:
-            self.decode(*self.dense_views(*tensors), scale_log2, stream, None, q_lo)
+    def _call(self, *entry):
+        """The compiled entry: ``launch.StepArgs``'s fields and the stream
+        (``launch.entry_signature``)."""
+        args, stream = from_entry(StepArgs, entry)
+        self.launch(args, stream)
 
-    def quantize_query(self, m_q, m_q_nope, m_q_rope, m_q_scale, n, stream, m_q_lo=None):
-        """Fused-Q-Quant of the ``n`` (token, head) rows of a bf16 ``m_q`` [.., 576] into the
-        metadata's query buffers (and the residual's codes into ``m_q_lo``)."""
+    _call.__signature__ = entry_signature(StepArgs)
+    __call__ = cute.jit(_call)
+
+    @cute.jit
+    def launch(self, args: StepArgs, stream):
+        if cutlass.const_expr((args.visible is not None) != self.cfg.decode.visible):
+            raise ValueError(f"decode step: visible counts given: {args.visible is not None}, but the config "
+                             f"says visible={self.cfg.decode.visible}")
+        if cutlass.const_expr(args.q is not None):
+            self.quantize_query(args, args.q.shape[0] * self.q_rows, stream)
+        if cutlass.const_expr(self.sparse):
+            self.decode.launch(self.sparse_views(args), stream)
+        else:
+            self.decode.launch(self.dense_views(args), stream)
+
+    def quantize_query(self, args: StepArgs, n, stream):
+        """Fused-Q-Quant of the ``n`` (token, head) rows of the bf16 ``args.q`` [.., 576] into
+        the metadata's query buffers (and the residual's codes into ``args.q_lo``)."""
         self.quant(
-            _view(m_q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
-            _view(m_q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
-            _view(m_q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
-            _view(m_q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
-            _view(m_q_scale, (n,), (1,)),
+            _view(args.q, (n, CONTENT_DIM), (HEAD_DIM, 1)),
+            _view(args.q, (n, ROPE_DIM), (HEAD_DIM, 1), BFloat16, 2 * CONTENT_DIM),
+            _view(args.q_nope, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
+            _view(args.q_rope, (n, ROPE_DIM), (ROPE_DIM, 1)),
+            _view(args.q_scale, (n,), (1,)),
             stream,
-            None if m_q_lo is None else _view(m_q_lo, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
+            None if args.q_lo is None else _view(args.q_lo, (n, CONTENT_DIM), (CONTENT_DIM, 1), cutlass.Uint8),
         )
 
-    def dense_views(self, m_q_nope, m_q_rope, m_q_scale, m_block_table, m_seqlens, m_out, m_lse, m_kv, m_kv_scale,
-                    m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters):
-        """The decode kernel's arguments (before ``scale_log2``) as views of the dense step's
-        tensors: rows (R = s_q·h) first, the batch / page / split index last (traced inline).
-        With head groups (g), kernel request k = i·g + j is heads [16j, 16j + 16) of request
-        i: a plain reshape of q, out and lse (s_q 1), and a stride-0 mode over j in the
-        table's and the lengths' views; the metadata's per-request buffers come as [b, g, ..]."""
+    def dense_views(self, a: StepArgs) -> KernelArgs:
+        """The decode kernel's arguments as views of the dense step's tensors: rows (R =
+        s_q·h) first, the batch / page / split index last (traced inline). With head groups
+        (g), kernel request k = i·g + j is heads [16j, 16j + 16) of request i: a plain reshape
+        of q, out and lse (s_q 1), and a stride-0 mode over j in the table's and the lengths'
+        views; the metadata's per-request buffers come as [b, g, ..]."""
         R = self.cfg.decode.rows
+        s_q = self.cfg.decode.s_q
         ps = self.cfg.decode.page_size
         g = self.groups
-        b = m_q_nope.shape[0] * g  # kernel requests
-        pages = m_kv.shape[0]
-        splits = m_o_partial.shape[0]
+        b = a.q_nope.shape[0] * g  # kernel requests
+        pages = a.kv.shape[0]
+        splits = a.o_partial.shape[0]
         row = KV_ROW_BYTES
-        q_nope = _view(m_q_nope, (R, CONTENT_DIM, b), (CONTENT_DIM, 1, R * CONTENT_DIM))
-        q_rope = _view(m_q_rope, (R, ROPE_DIM, b), (ROPE_DIM, 1, R * ROPE_DIM))
-        q_scale = _view(m_q_scale, (R, b), (1, R))
-        kv_content = _view(m_kv, (ps, CONTENT_DIM, pages), (row, 1, ps * row))
-        kv_rope = _view(m_kv, (ps, ROPE_DIM, pages), (row // 2, 1, ps * row // 2), BFloat16, CONTENT_DIM)
-        kv_scale = _view(m_kv_scale, (ps, pages), (1, ps))
-        out_d = _view(m_out, (R, CONTENT_DIM, b), (CONTENT_DIM, 1, R * CONTENT_DIM))
-        o_part_d = _view(m_o_partial, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM))
-        lse_part_d = _view(m_lse_partial, (R, splits), (1, R))
+        q_nope = _view(a.q_nope, (R, CONTENT_DIM, b), (CONTENT_DIM, 1, R * CONTENT_DIM))
+        q_rope = _view(a.q_rope, (R, ROPE_DIM, b), (ROPE_DIM, 1, R * ROPE_DIM))
+        q_scale = _view(a.q_scale, (R, b), (1, R))
+        kv_content = _view(a.kv, (ps, CONTENT_DIM, pages), (row, 1, ps * row))
+        kv_rope = _view(a.kv, (ps, ROPE_DIM, pages), (row // 2, 1, ps * row // 2), BFloat16, CONTENT_DIM)
+        kv_scale = _view(a.kv_scale, (ps, pages), (1, ps))
+        out_d = _view(a.out, (R, CONTENT_DIM, b), (CONTENT_DIM, 1, R * CONTENT_DIM))
+        o_part_d = _view(a.o_partial, (R, CONTENT_DIM, splits), (CONTENT_DIM, 1, R * CONTENT_DIM))
+        lse_part_d = _view(a.lse_partial, (R, splits), (1, R))
         # passed as b entries so TVM-FFI ties the plan to the batch (a plan made for a smaller
         # batch would be overrun); the buffer behind it holds b + 1
-        m_split_offsets = _view(m_split_heads, (b + 1,), (1,))
-        table, lengths, lse, counters = m_block_table, m_seqlens, m_lse, m_counters
+        split_offsets = _view(a.split_offsets, (b + 1,), (1,))
+        table, lengths, lse, counters = a.table, a.lengths, a.lse, a.counters
         if cutlass.const_expr(g > 1):
             h = self.cfg.decode.heads
-            n = m_q_nope.shape[0]
-            table = _view(m_block_table, ((g, n), m_block_table.shape[1]), ((0, m_block_table.layout.stride[0]), 1))
-            lengths = _view(m_seqlens, ((g, n),), ((0, 1),))
-            lse = _view(m_lse, (b, h, 1), (h, 1, 1))
-            counters = _view(m_counters, (b, 2 * self.cfg.decode.m_tiles), (2 * self.cfg.decode.m_tiles, 1))
-        return (
-            q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, table, lengths,
-            m_sched, m_split_offsets, out_d, lse, o_part_d, lse_part_d, counters,
+            n = a.q_nope.shape[0]
+            table = _view(a.table, ((g, n), a.table.shape[1]), ((0, a.table.layout.stride[0]), 1))
+            lengths = _view(a.lengths, ((g, n),), ((0, 1),))
+            lse = _view(a.lse, (b, h, 1), (h, 1, 1))
+            counters = _view(a.counters, (b, 2 * self.cfg.decode.m_tiles), (2 * self.cfg.decode.m_tiles, 1))
+        visible = None
+        if cutlass.const_expr(a.visible is not None):
+            visible = _view(a.visible, (s_q, a.q_nope.shape[0]), (1, s_q))
+        return KernelArgs(
+            q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, table, lengths, a.sched, split_offsets, out_d,
+            lse, o_part_d, lse_part_d, counters, a.scale_log2, visible, self.q_lo_view(a, R, b),
         )
 
-    def sparse_views(self, m_q_nope, m_q_rope, m_q_scale, m_indices, m_lengths, m_out, m_lse, m_kv, m_kv_scale,
-                     m_sched, m_split_heads, m_o_partial, m_lse_partial, m_counters):
+    def sparse_views(self, a: StepArgs) -> KernelArgs:
         """The same for the sparse step: kernel request k = i·s_q + t is query token t of
         request i, its index list the table row."""
         h = self.cfg.decode.heads
         s_q = self.cfg.s_q
-        b = m_q_nope.shape[0]
+        b = a.q_nope.shape[0]
         n = b * s_q  # kernel requests: request-major, then query token
-        topk = m_indices.shape[2]
-        slots = m_kv.shape[0]
-        splits = m_o_partial.shape[0]
+        topk = a.table.shape[2]
+        slots = a.kv.shape[0]
+        splits = a.o_partial.shape[0]
         row = KV_ROW_BYTES
         m_tiles = self.cfg.decode.m_tiles
-        q_nope = _view(m_q_nope, (h, CONTENT_DIM, n), (CONTENT_DIM, 1, h * CONTENT_DIM))
-        q_rope = _view(m_q_rope, (h, ROPE_DIM, n), (ROPE_DIM, 1, h * ROPE_DIM))
-        q_scale = _view(m_q_scale, (h, n), (1, h))
-        kv_content = _view(m_kv, (1, CONTENT_DIM, slots), (row, 1, row))
-        kv_rope = _view(m_kv, (1, ROPE_DIM, slots), (row // 2, 1, row // 2), BFloat16, CONTENT_DIM)
-        kv_scale = _view(m_kv_scale, (1, slots), (1, 1))
-        table = _view(m_indices, (n, topk), (topk, 1))
+        q_nope = _view(a.q_nope, (h, CONTENT_DIM, n), (CONTENT_DIM, 1, h * CONTENT_DIM))
+        q_rope = _view(a.q_rope, (h, ROPE_DIM, n), (ROPE_DIM, 1, h * ROPE_DIM))
+        q_scale = _view(a.q_scale, (h, n), (1, h))
+        kv_content = _view(a.kv, (1, CONTENT_DIM, slots), (row, 1, row))
+        kv_rope = _view(a.kv, (1, ROPE_DIM, slots), (row // 2, 1, row // 2), BFloat16, CONTENT_DIM)
+        kv_scale = _view(a.kv_scale, (1, slots), (1, 1))
+        table = _view(a.table, (n, topk), (topk, 1))
         # kernel request k = i·s_q + t reads request i's length: a stride-0 mode over t
-        lengths = _view(m_lengths, ((s_q, b),), ((0, 1),))
-        out_d = _view(m_out, (h, CONTENT_DIM, n), (CONTENT_DIM, 1, h * CONTENT_DIM))
-        lse_d = _view(m_lse, ((s_q, b), h, 1), ((1, h * s_q), s_q, 1))
-        o_part_d = _view(m_o_partial, (h, CONTENT_DIM, splits), (CONTENT_DIM, 1, h * CONTENT_DIM))
-        lse_part_d = _view(m_lse_partial, (h, splits), (1, h))
-        m_split_offsets = _view(m_split_heads, (n + 1,), (1,))
-        counters = _view(m_counters, (n, 2 * m_tiles), (2 * m_tiles, 1))
-        return (
-            q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, table, lengths,
-            m_sched, m_split_offsets, out_d, lse_d, o_part_d, lse_part_d, counters,
+        lengths = _view(a.lengths, ((s_q, b),), ((0, 1),))
+        out_d = _view(a.out, (h, CONTENT_DIM, n), (CONTENT_DIM, 1, h * CONTENT_DIM))
+        lse_d = _view(a.lse, ((s_q, b), h, 1), ((1, h * s_q), s_q, 1))
+        o_part_d = _view(a.o_partial, (h, CONTENT_DIM, splits), (CONTENT_DIM, 1, h * CONTENT_DIM))
+        lse_part_d = _view(a.lse_partial, (h, splits), (1, h))
+        split_offsets = _view(a.split_offsets, (n + 1,), (1,))
+        counters = _view(a.counters, (n, 2 * m_tiles), (2 * m_tiles, 1))
+        return KernelArgs(
+            q_nope, q_rope, q_scale, kv_content, kv_rope, kv_scale, table, lengths, a.sched, split_offsets, out_d,
+            lse_d, o_part_d, lse_part_d, counters, a.scale_log2, None, self.q_lo_view(a, h, n),
         )
+
+    def q_lo_view(self, a: StepArgs, R, n):
+        """The accurate mode's residual codes laid out as q_nope's view (R rows, n kernel
+        requests), or None."""
+        if cutlass.const_expr(a.q_lo is None):
+            return None
+        return _view(a.q_lo, (R, CONTENT_DIM, n), (CONTENT_DIM, 1, R * CONTENT_DIM), cutlass.Uint8)

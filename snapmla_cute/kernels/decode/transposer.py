@@ -1,14 +1,14 @@
 """Role: the transposer warpgroup rewrites each KV block's content as Vᵀ in place.
 
 Once a block's owner has read it as K (its QK waited: ``TransposerHandshake.k_read``), the
-transposer (``DecodeConfig.transposer``, 40 registers) turns the K-major SW128 content tile
+transposer (40 registers) turns the K-major SW128 content tile
 (64 tokens x 512 dims) into the K-major SW64 Vᵀ tile (512 dims x 64 tokens, tokens in the
 order π) over the same bytes, 8 KiB chunk by chunk: ``ldmatrix.trans`` → ``prmt`` →
 ``stmatrix``, one warpgroup barrier per chunk between its loads and its stores, both sides
 bank-conflict free (``layouts.transpose`` holds the lane maps, their step constants and a
 byte-exact CPU replay). Tokens past the sequence are zeroed, so NaN in unused cache slots
-never reaches the PV GEMM. Without the transposer warpgroup each consumer runs
-``transpose_block`` on its own blocks.
+never reaches the PV GEMM. (The layout without a transposer warpgroup, each consumer
+transposing its own blocks, and the natural token order are at cc70d70.)
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from snapmla_cute.ptx import ldsm_x4_trans, stsm_x4
 
 @dataclass(frozen=True)
 class Transposer:
-    """The transposer role (``transpose_blocks``), and the in-place V transposition itself
-    (``transpose_block``), which the consumers run on their own blocks when the CTA has no
-    transposer warpgroup."""
+    """The transposer role (``transpose_blocks``) and the in-place V transposition itself
+    (``transpose_block``)."""
 
     cfg: DecodeConfig
     tracer: Tracer
@@ -51,13 +50,11 @@ class Transposer:
         for g in cutlass.range(total, unroll=1):
             stage = handshake.ring.stage_of(g)
             handshake.wait_k_read(stage, g)
-            self.tracer.transposer_event(g, False, wg_tidx)
             valid = handshake.valid_tokens(stage)
             tid = ptx.launder(wg_tidx, g)  # lane addresses recomputed per block, not spilled
             if cutlass.const_expr("transpose" not in self.cfg.skip):
                 self.transpose_block(kv_addr, stage, valid, sync, tid)
             handshake.vt_ready(stage)  # stmatrix, then WGMMA reads
-            self.tracer.transposer_event(g, True, wg_tidx)
 
     @cute.jit
     def transpose_block(self, kv_addr: Int32, stage: Int32, valid: Int32, sync: pipeline.NamedBarrier, wg_tidx: Int32):
@@ -87,9 +84,8 @@ class Transposer:
         barrier per 8 KiB chunk, between its loads and its stores."""
         warp = wg_tidx // 32
         lane = wg_tidx % 32
-        pi = self.cfg.pi_order
         base = kv_addr + stage * (L.BLOCK_N * CONTENT_DIM)
-        src0 = T.ldsm_src(warp, lane, 0, pi)
+        src0 = T.ldsm_src(warp, lane, 0, True)
         dst0 = base + T.stsm_dst(warp, lane, 0)
         q = lane & 3
         # The selectors and keep masks below are ``T.prmt_selectors`` and
@@ -99,10 +95,6 @@ class Transposer:
         # edge, the CPU tests the replay byte for byte.
         sel_even = Int32(T.SEL_WORDS[0])
         sel_odd = Int32(T.SEL_WORDS[1])
-        if cutlass.const_expr(not pi):
-            if q >= 2:
-                sel_even = Int32(T.SEL_WORDS_SWAPPED[0])
-                sel_odd = Int32(T.SEL_WORDS_SWAPPED[1])
         sel0 = sel_even
         sel1 = sel_odd
         if lane >= 16:  # c = lane / 4 >= 4: the two words swap dims
@@ -111,22 +103,17 @@ class Transposer:
         keep_lo = Uint32(0xFFFFFFFF)
         keep_hi = Uint32(0xFFFFFFFF)
         if cutlass.const_expr(masked):
-            if cutlass.const_expr(pi):
-                # words of tokens t0, t0+1, t0+8, t0+9 (``layouts.transpose.ldsm_keep_masks``):
-                # the low two bytes of two 4-token masks
-                first = (warp % 2) * 32 + 2 * q
-                pair = Uint32(0xFFFF)
+            # words of tokens t0, t0+1, t0+8, t0+9 (``layouts.transpose.ldsm_keep_masks``):
+            # the low two bytes of two 4-token masks
+            first = (warp % 2) * 32 + 2 * q
+            pair = Uint32(0xFFFF)
 
-                def keep_pairs(t0):
-                    return (self.keep_bytes(valid_tokens - t0) & pair) | (
-                        (self.keep_bytes(valid_tokens - t0 - 8) & pair) << 16)
+            def keep_pairs(t0):
+                return (self.keep_bytes(valid_tokens - t0) & pair) | (
+                    (self.keep_bytes(valid_tokens - t0 - 8) & pair) << 16)
 
-                keep_lo = keep_pairs(first)
-                keep_hi = keep_pairs(first + 16)
-            else:
-                first = (warp % 2) * 32 + 4 * q
-                keep_lo = self.keep_bytes(valid_tokens - first)
-                keep_hi = self.keep_bytes(valid_tokens - first - 16)
+            keep_lo = keep_pairs(first)
+            keep_hi = keep_pairs(first + 16)
         per_chunk = T.LDSM_STEPS // 4
         for c in cutlass.range_constexpr(4):
             regs = []
