@@ -2,7 +2,8 @@
 ``pipelines`` both import them (nothing of ours is imported here). ldmatrix.trans /
 stmatrix with explicit per-lane shared-memory addresses (the V transposition), cp.async with
 zero fill and its mbarrier arrival (the sparse gather), distributed shared memory and
-cluster-scope mbarriers (the cluster merge), ``launder`` and ``trap``."""
+cluster-scope mbarriers (the cluster merge), ``launder`` and ``trap``; stmatrix.trans and
+the e4m3 packing of Pᵀ (``profiles/experiments/small_batch_skeleton.py``'s ETAP compute)."""
 
 from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm
@@ -40,6 +41,37 @@ def stsm_x4(smem_addr: Int32, r0: Int32, r1: Int32, r2: Int32, r3: Int32, *, loc
         "r,r,r,r,r,~{memory}",
         loc, ip,
     )
+
+
+@dsl_user_op
+def stsm_x2_trans(smem_addr: Int32, r0: Int32, r1: Int32, *, loc=None, ip=None):
+    """``stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [addr], {r0, r1}``: lanes 0-7 give
+    matrix 0's row addresses, lanes 8-15 matrix 1's; element (i, j) of a lane-held matrix
+    lands in stored row j, position i."""
+    _asm(
+        None,
+        [Int32(x).ir_value(loc=loc, ip=ip) for x in (smem_addr, r0, r1)],
+        "stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [$0], {$1, $2};",
+        "r,r,r,~{memory}",
+        loc, ip,
+    )
+
+
+@dsl_user_op
+def pack_e4m3x4(a0, a1, a2, a3, *, loc=None, ip=None) -> Int32:
+    """Four fp32 → one word of e4m3 codes, byte i = ``ai`` (``cvt.rn.satfinite.e4m3x2.f32``
+    twice: round to nearest even, saturating at ±448)."""
+    from cutlass import Float32
+
+    res = _asm(
+        _T.i32(),
+        [Float32(x).ir_value(loc=loc, ip=ip) for x in (a0, a1, a2, a3)],
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+        "mov.b32 $0, {lo, hi}; }",
+        "=r,f,f,f,f",
+        loc, ip,
+    )
+    return Int32(res)
 
 
 @dsl_user_op
