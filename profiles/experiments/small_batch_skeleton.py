@@ -544,11 +544,19 @@ class EtapSkeleton:
         kv0 = storage.kv.data_ptr().toint() + lane_dst
         kr0 = storage.kr.data_ptr().toint() + lane_dst
         ks0 = storage.ks.data_ptr().toint() + ptid * 16
+        lane = ptid % 32
+        pages = Int32(0)
         for i in cutlass.range(nb, unroll=1):
             stage = i % stages
+            if i % 32 == 0:
+                # the next 32 blocks' page ids, a lane each, in one load (not a dependent
+                # global load before every block's copies)
+                pages = Int32(0)
+                if i + lane < nb:
+                    pages = m_table[req, lo + i + lane]
+            page = cute.arch.shuffle_sync(pages, i % 32)
             if i >= stages:
                 cute.arch.mbarrier_wait(mbar + 1 + stages + stage, (i // stages - 1) % 2)
-            page = m_table[req, lo + i]
             read = Int32(tok < seqlen - (lo + i) * 64)  # tokens past the length: zeros
             src = g_kv + Int64(page) * BLOCK_BYTES
             for j in cutlass.range_constexpr(16):
