@@ -239,7 +239,7 @@ def default_cluster(lengths, num_parts: int, cfg, num_sms: int = 132) -> int:
     the split or whole-request plan in the same clusters), takes the cluster plan: each
     request's halves on the two CTAs of a cluster, merged through distributed shared memory.
     Clusters of 4 and 8 are correct but gained at most 3% on the H100 and do not all fit one
-    wave at 128 parts (``profiles/NOTES.md``)."""
+    wave at 128 parts (``profiles/merge.md``, "Whole-request and cluster plans")."""
     if num_parts % 2 or "cluster" in DECODE_TUNING or num_sms not in CLUSTER_SM_COUNTS:
         return 1
     return 2 if plan_of(lengths, num_parts, cfg) == PLAN_CLUSTER else 1

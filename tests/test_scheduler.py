@@ -146,7 +146,7 @@ def test_lengths_outside_the_range_plan_as_clamped():
                     assert 0 <= offsets[row[0]] + row[4] < len(lens) + parts, (lens, parts, row)
 
 
-# H100, graph-replay µs, the same run per row (profiles/NOTES.md, "Whole-request plans"):
+# H100, graph-replay µs, the same run per row (profiles/merge.md, "Whole-request and cluster plans"):
 # (batch, length, heads, sparse, parts, µs with part p = request p, µs on the parts' split plan)
 MEASURED = [
     (40, 1024, 128, False, 66, 30.9, 39.9), (40, 2048, 128, False, 66, 54.3, 55.2),
@@ -273,7 +273,7 @@ def test_default_cluster():
     assert default_cluster([], 132, h64) == 1
 
 
-# H100, graph-replay µs, one run each (profiles/NOTES.md, "Whole-request and cluster plans"):
+# H100, graph-replay µs, one run each (profiles/merge.md, "Whole-request and cluster plans"):
 # (batch, length, heads, sparse, parts, µs on the cluster plan of two, µs of the plan picked
 # without clusters); the three marked rows are the timing-only ceiling of the halves (no merge)
 MEASURED_CLUSTER = [

@@ -1,4 +1,4 @@
-"""GPU: where a small-batch decode's time goes (profiles/NOTES.md, "Small batches: the
+"""GPU: where a small-batch decode's time goes (profiles/small_batches.md, "Small batches: the
 ceilings"). For each latency row (dense b 1-8 at h128 s_k640 / s_k8192, h64 s_k8192, h16
 s_k32768; sparse b 1-8 at h8 / h128, topk 2048 of 8192), graph-replay µs of:
 

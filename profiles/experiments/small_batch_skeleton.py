@@ -1,5 +1,5 @@
 """GPU, timing only: the dataflow of a plan-free small-batch decode without its math
-(profiles/NOTES.md, "Small batches: the dataflow without its math"). A CTA per (split, tile
+(profiles/small_batches.md, "Small batches: the dataflow without its math"). A CTA per (split, tile
 of ``rows`` heads, request), each step of the dataflow a ``stop`` that cuts the rest off:
 
 1. ``entry``: Q's rows x 576 by cp.async and the request's length (one global load), side by

@@ -21,7 +21,7 @@ from snapmla_cute.profiling import SHAPES, Shape, make_case
 
 SKELETON = ("qk", "pv", "transpose", "softmax")
 # what the rest of the kernel takes without some of its stages (timing only): the data
-# pipeline with the GEMMs, and without them (NOTES.md, "The targets against the pipeline's own times")
+# pipeline with the GEMMs, and without them (profiles/stage_times.md, "The targets against the pipeline's own times")
 BOUNDS = {
     "no_softmax": {"skip": ("softmax",)},
     "gemms_only": {"skip": ("transpose", "softmax")},

@@ -22,7 +22,7 @@ smaller estimate: whole, max(c_max, T / s); split, max(w, (T + n_s·split_units)
 fixed, with n_s = b + ceil(T / w) - 1 splits (every part boundary inside a request), s =
 min(stream_parts, num_parts); cluster, max((c_max - 5) / k + 5, T / s) +
 CLUSTER_FIXED_UNITS. Fitted on the H100 to 29 equal-length dense and sparse shapes
-(profiles/NOTES.md, "Whole-request plans").
+(profiles/merge.md, "Whole-request and cluster plans").
 
 Every part is computed independently (binary searches over S in shared memory), so one
 CTA of 256 threads does the whole plan in two block-wide scans.
