@@ -1063,7 +1063,7 @@ def gate(rounds: int = 2) -> list[dict]:
     from snapmla_cute import peers
     from snapmla_cute import reference as ref
     from snapmla_cute.bench import decode_case
-    from snapmla_cute.decode import _DEFAULT_SCALE_LOG2
+    from snapmla_cute.steps import DEFAULT_SCALE_LOG2 as _DEFAULT_SCALE_LOG2
     from snapmla_cute.timing import time_us
 
     rows = []
