@@ -4,9 +4,10 @@
 bandwidth measured in the same run, and × against FlashMLA's dense FP8 and BF16 kernels
 (x > 1: snapmla-cute is faster), timed in the same run on the same data where ``flash_mla``
 runs here (``peers``), else this device kind's figures from ``anchors.FLASHMLA_HOPPER_US``;
-with the target (the slower of best peer ÷ 1.3 and floor ÷ 0.85). ``decode_case``,
-``verify_decode``, ``dense_floor_us`` and ``peer_columns`` are the pieces the other benches
-share.
+with the target (the slower of best FlashMLA figure ÷ 1.3 and floor ÷ 0.85); and × against
+FlashInfer's MLA decode (BF16 and FP8 KV) where ``flashinfer`` imports (no anchors for it).
+``decode_case``, ``verify_decode``, ``dense_floor_us``, ``peer_columns`` and
+``flashinfer_columns`` are the pieces the other benches share.
 
 ``bench_fused``: bandwidth of the fused Q-quant / K-append / fetch-dequant kernels against
 the H100's measured copy bandwidth (read + write bytes per second).
@@ -267,6 +268,28 @@ def peer_columns(us: float, here: dict, anchored: dict) -> tuple[dict, dict]:
     return cols, figures
 
 
+# FlashInfer's MLA decode (``peers.flashinfer_us``) → its columns (µs, × ours); ``fi_note``:
+# why a figure is missing. No anchors: a run without FlashInfer prints none of these.
+FI_COLUMNS = {"fi_fp8": ("flashinfer_fp8_us", "x_fi_fp8"), "fi_bf16": ("flashinfer_bf16_us", "x_fi_bf16")}
+FI_COLUMN_NAMES = (*(c for pair in FI_COLUMNS.values() for c in pair), "fi_note")
+
+
+def flashinfer_columns(us: float, fi: dict) -> dict:
+    """A row's FlashInfer columns from ``peers.flashinfer_us`` (or ``flashinfer_sparse``):
+    none where FlashInfer was not asked for or does not import (``fi`` empty); else each
+    kind's µs and × = FlashInfer ÷ ours (x > 1: snapmla-cute is faster), None where it was not
+    timed, and ``fi_note``, the one-line reason of a refusal."""
+    if not fi:
+        return {}
+    cols = {}
+    for key, (us_col, x_col) in FI_COLUMNS.items():
+        v = fi.get(key)
+        cols[us_col] = round(v, 1) if v else None
+        cols[x_col] = round(v / us, 2) if v else None
+    cols["fi_note"] = fi.get("note")
+    return cols
+
+
 def accurate_mode_us(case: DecodeCase, name: str, verify: bool = True) -> float:
     """The case's serving call in the accurate mode (the query as hi + lo, ``quantize_q``'s
     four tensors), checked against that mode's emulation first."""
@@ -284,8 +307,10 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True,
     """Times ``mla_decode`` (pre-quantized q, reused metadata, CUDA-graph replay) and the
     bf16-input path (quantize + decode); checks each shape against the emulation first.
     FlashMLA's dense FP8 and BF16 decodes are timed on the same data where ``flash_mla``
-    runs here (``peers``), else their figures come from the anchors (column ``peer_src``).
-    ``accurate``: also the accurate mode's time (``accurate_mode_us``) and its cost."""
+    runs here (``peers``), else their figures come from the anchors (column ``peer_src``);
+    FlashInfer's MLA decode (BF16 and FP8 KV, our cache's codes) beside them where it imports
+    (``flashinfer_columns``). ``accurate``: also the accurate mode's time (``accurate_mode_us``)
+    and its cost."""
     from snapmla_cute import anchors, peers, steps
 
     name = torch.cuda.get_device_name()
@@ -307,6 +332,8 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True,
                                            causal)
         launch = host_us_per_call(lambda: step(*step_args))
         here = peers.dense_us(c.q, c.kv_pages, c.block_table, c.seqlens, causal=causal) if peers_here else {}
+        fi = peers.flashinfer_us(c.q, c.kv_pages, c.block_table, c.seqlens, cache=(c.cache.kv, c.cache.kv_scale),
+                                 causal=causal) if peers_here else {}
         floor_us = dense_floor_us(b, h, s_q, lens, copy_tbps, peak)
         nbytes, flops = dense_work(b, h, s_q, lens)
         cols, figures = peer_columns(us, here, anchors.peer_us(kind, b, h, s_q, s_k, varlen))
@@ -324,6 +351,7 @@ def bench_decode(shapes=DECODE_SHAPES, page_size: int = 64, verify: bool = True,
                 floor_us=round(floor_us, 1),
                 pct_floor=round(100 * floor_us / us, 1),
                 **cols,
+                **flashinfer_columns(us, fi),
                 target_us=target,
                 meets=(us <= target) if target else None,
                 e2e_bf16_q_us=round(us_e2e, 1),

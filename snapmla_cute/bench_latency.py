@@ -7,9 +7,11 @@ per request; s_q 1, page 64. Each row: our µs (CUDA-graph replay of the serving
 quantized q, metadata and outputs given, ``check=False``), the host µs of issuing that call,
 FlashMLA beside it (dense FP8 and BF16, or sparse FP8: h128 as is, h8 padded to h64) timed in
 this run on the same data where ``flash_mla`` runs here, else the anchors' figure where there
-is one (``peer_src``), × = FlashMLA ÷ ours, the HBM floor at the copy bandwidth measured in
-the run, and the target where one is set (``anchors.LATENCY_TARGETS_US``, H100). Each of our
-rows is checked against the emulation before it is timed.
+is one (``peer_src``), × = FlashMLA ÷ ours, FlashInfer's MLA decode (BF16 and FP8 KV) beside
+the dense rows where it imports (its columns are absent otherwise; a sparse row says why it has
+none), the HBM floor at the copy bandwidth measured in the run, and the target where one is
+set (``anchors.LATENCY_TARGETS_US``, H100). Each of our rows is checked against the emulation
+before it is timed.
 """
 
 from __future__ import annotations
@@ -52,11 +54,13 @@ def peer_heads(spec: tuple) -> str | None:
 
 
 def latency_row(spec: tuple, us: float, host_us: float, floor_us: float, here: dict, anchored: dict,
-                target: float | None) -> dict:
+                target: float | None, fi: dict | None = None) -> dict:
     """One table row from its figures (no GPU: the CPU tests build rows from made-up ones).
     ``here`` / ``anchored``: FlashMLA's µs by peer (``bf16``, ``dense_fp8`` or ``sparse``)
-    timed in this run / from the anchors; ``bench.peer_columns`` picks and names them."""
-    from snapmla_cute.bench import peer_columns
+    timed in this run / from the anchors; ``bench.peer_columns`` picks and names them. ``fi``:
+    FlashInfer's figures (``peers.flashinfer_us``), whose columns follow ``peer_src`` where
+    FlashInfer ran (``bench.flashinfer_columns``); the row has exactly ``COLUMNS`` otherwise."""
+    from snapmla_cute.bench import flashinfer_columns, peer_columns
 
     cols, _ = peer_columns(us, here, anchored)
     row = dict.fromkeys(COLUMNS)
@@ -71,6 +75,11 @@ def latency_row(spec: tuple, us: float, host_us: float, floor_us: float, here: d
         target_us=target,
         met=(us <= target) if target else None,
     )
+    fi_cols = flashinfer_columns(us, fi or {})
+    if fi_cols:
+        items = list(row.items())
+        at = COLUMNS.index("peer_src") + 1
+        row = dict(items[:at] + list(fi_cols.items()) + items[at:])
     return row
 
 
@@ -86,9 +95,11 @@ def _dense_row(spec, kind, copy_tbps, peak, page_size, verify, peers_here):
     call = c.serving_call()
     us, host = time_us(call), host_us_per_call(call)
     here = peers.dense_us(c.q, c.kv_pages, c.block_table, c.seqlens) if peers_here else {}
+    fi = peers.flashinfer_us(c.q, c.kv_pages, c.block_table, c.seqlens,
+                             cache=(c.cache.kv, c.cache.kv_scale)) if peers_here else {}
     floor_us = dense_floor_us(b, h, 1, [s_k] * b, copy_tbps, peak)
     return latency_row(spec, us, host, floor_us, here, anchors.peer_us(kind, b, h, 1, s_k, False),
-                       anchors.latency_target_us(kind, spec))
+                       anchors.latency_target_us(kind, spec), fi)
 
 
 def _sparse_row(spec, kind, copy_tbps, page_size, verify, peers_here):
@@ -110,7 +121,7 @@ def _sparse_row(spec, kind, copy_tbps, page_size, verify, peers_here):
     here = {"sparse": peers.sparse_fp8_us(q, kv_pages, indices)} if peers_here else {}
     anchored = {"sparse": anchored_sparse_us(kind, b, h, 1, topk, s_k)}
     return latency_row(spec, us, host, sparse_floor_us(b, h, 1, topk, copy_tbps), here, anchored,
-                       anchors.latency_target_us(kind, spec))
+                       anchors.latency_target_us(kind, spec), peers.flashinfer_sparse() if peers_here else {})
 
 
 def bench_latency(shapes=None, page_size: int = 64, verify: bool = True, peers_here: bool = True) -> list[dict]:

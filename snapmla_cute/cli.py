@@ -44,6 +44,12 @@ def _bench(args):
 
     name, tbps = device_copy_tbps()
     print(f"device: {name}; anchor copy bandwidth {tbps} TB/s (tables use the copy measured now)")
+    if args.what in ("decode", "latency") and args.peers:
+        from snapmla_cute.peers import flashinfer_jit_report
+
+        line = flashinfer_jit_report()  # builds its JIT modules first, so the rows time no build
+        if line:
+            print(line, flush=True)
     if args.what == "fused":
         print_table(bench_fused(tokens=args.tokens, page_size=args.page_size), json_path=args.json)
     elif args.what == "cp":

@@ -14,18 +14,36 @@ written from, page for page), with the row's ``block_table`` int32 ``[b, pages]`
   (``v32_cache``). It runs 64 or 128 heads only: fewer heads are padded to 64
   (``sparse_heads``), as an engine pads them.
 
+FlashInfer's MLA decode (``flashinfer.mla.BatchMLAPagedAttentionWrapper``, backend "fa3",
+its SM90 kernel; ``flashinfer_us``) on the same rows, q as bf16 ``[b * s_q, h, 576]``, causal
+for s_q > 1 as FlashMLA's:
+
+* ``fi_bf16`` — BF16 KV: ``kv_pages`` as they are (the tokens FlashMLA's BF16 decode reads).
+* ``fi_fp8`` — FP8 KV (``flashinfer_fp8_cache``): our cache's 512 content codes as they are,
+  our per-token scale repeated over its four 128-channel groups (``ckv_scale_arr``), and the
+  RoPE, which it takes in e4m3 under ONE scale for the whole cache (``kpe_scale``): our bf16
+  RoPE times the token's scale, quantized to e4m3 under a power-of-two per-tensor scale. That
+  RoPE rounding is FlashInfer's format, not ours (ours keeps the RoPE in bf16).
+
+FlashInfer compiles its kernels at first use (nvcc, ninja; ``flashinfer_jit_report`` times
+it); ``profiles/flashinfer_bundle.sh`` packs it for a machine without a registry. There is no
+anchor for it: where it does not import, the benches print no FlashInfer column; where it
+refuses a row, the row's ``fi_note`` says why in one line.
+
 Each checks the peer's output once, before timing, against the float64 reference (rel-L2 at
 most ``PEER_TOLERANCE``: it proves a correct call is timed, not the peer's accuracy) and raises
 ``PeerMismatch`` if it is off; then returns the median µs of CUDA-graph replays
-(``timing.time_us``), the peer's metadata made before the graph. Where ``flash_mla`` does not
-import (no GPU, not installed, no legacy kernels) or the peer refuses a call, the result is
-None and one line on stderr says why: the benches then use the anchors' figures.
+(``timing.time_us``), the peer's metadata (plan) made before the graph. Where ``flash_mla``
+does not import (no GPU, not installed, no legacy kernels) or the peer refuses a call, the
+result is None and one line on stderr says why: the benches then use the anchors' figures.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
+import time
 
 import torch
 
@@ -35,7 +53,7 @@ from snapmla_cute.timing import time_us
 
 # rel-L2 against float64 exact attention above which the peer's call is wrong, not inexact:
 # its BF16 decode rounds only the output; the FP8 ones round q, K, V (and P) to e4m3
-PEER_TOLERANCE = {"bf16": 2e-2, "dense_fp8": 0.1, "sparse_fp8": 0.1}
+PEER_TOLERANCE = {"bf16": 2e-2, "dense_fp8": 0.1, "sparse_fp8": 0.1, "fi_bf16": 2e-2, "fi_fp8": 0.1}
 CHECK_REQUESTS = 2  # requests compared with the reference (the first ones)
 V32_BYTES = 512 + 4 * 4 + 2 * 64  # 512 e4m3, four fp32 tile scales, 64 bf16 RoPE = 656
 V32_TILE = 128
@@ -122,23 +140,26 @@ def _check(label: str, out: torch.Tensor, expect: torch.Tensor, tol: float) -> N
         raise PeerMismatch(f"{label}: rel-L2 {err:.3g} against the float64 reference (limit {tol})")
 
 
-def _run(label: str, make_call, check) -> float | None:
+def _run(label: str, make_call, check, why: list | None = None) -> float | None:
     """Builds the peer's call (``make_call()``, its metadata included), runs it once and
-    checks the output (``check(out)``), then times it; None, with a note, where the peer
-    refuses the call or its capture."""
+    checks the output (``check(out)``), then times it; None, with a note (and the reason
+    appended to ``why``), where the peer refuses the call or its capture."""
+    def refused(what, e):
+        _note(f"{label}: not timed, {what} ({_one_line(e)})")
+        if why is not None:
+            why.append(_one_line(e))
+
     try:
         call = make_call()
         out = call()[0]
         torch.cuda.synchronize()
     except Exception as e:
-        _note(f"{label}: not timed, the call failed ({_one_line(e)})")
-        return None
+        return refused("the call failed", e)
     check(out)
     try:
         return time_us(call)
     except Exception as e:
-        _note(f"{label}: not timed, the timing failed ({_one_line(e)})")
-        return None
+        return refused("the timing failed", e)
 
 
 def _dense_expect(q, kv_pages, block_table, cache_seqlens, causal):
@@ -245,3 +266,174 @@ def sparse_fp8_us(q, kv_pages, indices, *, topk_length=None) -> float | None:
         _check(label, out[:n, :, :h], expect, PEER_TOLERANCE["sparse_fp8"])
 
     return _run(label, make_call, check)
+
+
+# --------------------------------------------------------------------------------------------
+# FlashInfer's MLA decode: BatchMLAPagedAttentionWrapper, backend "fa3" (SM90), 0.7.x
+# --------------------------------------------------------------------------------------------
+
+FI_KEYS = ("fi_bf16", "fi_fp8")
+FI_WORKSPACE_BYTES = 128 << 20  # its float workspace (partial outputs of split rows); 128 MiB as its docs start
+FI_SPARSE_NOTE = "FlashInfer has no SM90 sparse MLA decode (its fa3 MLA is dense)"
+FI_JIT_S: dict = {}  # seconds of the first plan of each kind in this process (its JIT build or load)
+
+
+def flashinfer_mla():
+    """The ``flashinfer.mla`` module where it runs here (a GPU, the package: the whole
+    flashinfer-python or the trimmed one of ``profiles/flashinfer_bundle.sh``), else None
+    after one stderr line."""
+    if not torch.cuda.is_available():
+        _note("FlashInfer not timed here: no CUDA device")
+        return None
+    try:
+        fim = importlib.import_module("flashinfer.mla")
+        fim.BatchMLAPagedAttentionWrapper, fim.MLAPlanMetadata  # noqa: B018 (0.7's planned API)
+    except Exception as e:  # ImportError, AttributeError (an older flashinfer), or its own import errors
+        _note(f"FlashInfer not timed here: import flashinfer.mla failed ({_one_line(e)})")
+        return None
+    return fim
+
+
+def _rope_values(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
+    """Our cache's RoPE as values, fp32 ``[..., 64]``: its bf16 (divided by the token's scale)
+    times the scale."""
+    return kv[..., ref.CONTENT_DIM :].contiguous().view(torch.bfloat16).float() * kv_scale.unsqueeze(-1)
+
+
+def flashinfer_fp8_cache(kv: torch.Tensor, kv_scale: torch.Tensor, chunk: int = 1 << 24):
+    """Our FP8 cache (``kv`` uint8 ``[P, ps, 640]``, ``kv_scale`` fp32 ``[P, ps]``) as FlashInfer's
+    FP8 MLA cache, the same tokens: ``(kv_fi e4m3 [P, ps, 576], ckv_scale_arr fp32 [P, ps, 4],
+    kpe_scale float)``. ``kv_fi``'s 512 content codes are ours byte for byte and ``ckv_scale_arr``
+    repeats each token's scale over its four 128-channel groups (the kernel's per-token,
+    per-128-channel scales: content = bf16(code · scale)). Its RoPE is e4m3 under one scale for
+    the whole cache: our RoPE values quantized under 2^ceil(log2(amax / 448)), a power of two
+    because the kernel rounds ``kpe_scale`` to bf16 before it multiplies. Converted ``chunk``
+    bytes of our cache at a time."""
+    P, ps, _ = kv.shape
+    step = max(1, chunk // (ps * ref.KV_ROW_BYTES))
+    amax = torch.zeros((), dtype=torch.float32, device=kv.device)
+    for i in range(0, P, step):
+        amax = torch.maximum(amax, _rope_values(kv[i : i + step], kv_scale[i : i + step]).abs().max())
+    kpe_scale = float(torch.exp2(torch.ceil(torch.log2(amax.clamp(min=ref.AMAX_FLOOR) / ref.FP8_MAX))))
+    kv_fi = torch.empty(P, ps, ref.HEAD_DIM, dtype=ref.FP8, device=kv.device)
+    for i in range(0, P, step):
+        part = kv[i : i + step]
+        kv_fi[i : i + step, :, : ref.CONTENT_DIM] = part[..., : ref.CONTENT_DIM].view(ref.FP8)
+        kv_fi[i : i + step, :, ref.CONTENT_DIM :] = ref.to_e4m3(_rope_values(part, kv_scale[i : i + step]) / kpe_scale)
+    ckv_scale_arr = kv_scale.unsqueeze(-1).expand(P, ps, ref.CONTENT_DIM // 128).contiguous()
+    return kv_fi, ckv_scale_arr, kpe_scale
+
+
+def _csr(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int, s_q: int):
+    """The CSR metadata FlashInfer's fa3 plan takes, from a block table: ``qo_indptr``
+    (s_q rows a request), ``kv_indptr`` and ``kv_indices`` (each request's pages in order) and
+    ``kv_len_arr``, int32 on the table's device."""
+    b, dev = block_table.shape[0], block_table.device
+    lens = cache_seqlens.to(dev, torch.int64)
+    pages = (lens + page_size - 1) // page_size
+    kv_indptr = torch.zeros(b + 1, dtype=torch.int32, device=dev)
+    kv_indptr[1:] = torch.cumsum(pages, 0)
+    used = torch.arange(block_table.shape[1], device=dev)[None, :] < pages[:, None]
+    kv_indices = block_table[used].to(torch.int32)  # row-major: request by request, page by page
+    qo_indptr = torch.arange(b + 1, dtype=torch.int32, device=dev) * s_q
+    return qo_indptr, kv_indptr, kv_indices, lens.to(torch.int32)
+
+
+def _fi_call(fim, kind, q, kv, block_table, cache_seqlens, causal, scales=None):
+    """A planned wrapper's call on the row: returns ``() -> (out [b, s_q, h, 512],)``. The first
+    plan of each kind in the process builds (or loads) its JIT module: timed into ``FI_JIT_S``."""
+    b, s_q, h, _ = q.shape
+    fp8 = kind == "fi_fp8"
+    wrapper = fim.BatchMLAPagedAttentionWrapper(
+        torch.empty(FI_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device), backend="fa3")
+    started = time.perf_counter()
+    wrapper.plan(
+        metadata=fim.MLAPlanMetadata.csr(*_csr(block_table, cache_seqlens, kv.shape[1], s_q)),
+        num_heads=h, head_dim_ckv=ref.CONTENT_DIM, head_dim_kpe=ref.ROPE_DIM, page_size=kv.shape[1],
+        causal=causal, sm_scale=ref.default_softmax_scale(), q_data_type=torch.bfloat16,
+        kv_data_type=ref.FP8 if fp8 else torch.bfloat16, **(dict(scale_mode="kv-per-tensor") if fp8 else {}))
+    FI_JIT_S.setdefault(kind, time.perf_counter() - started)
+    query = q.reshape(b * s_q, h, ref.HEAD_DIM)
+    out = q.new_empty(b * s_q, h, ref.CONTENT_DIM)
+    run_kw = dict(ckv_scale_arr=scales[0], kpe_scale=scales[1]) if scales else {}
+    return lambda: (wrapper.run(query=query, kv_cache=kv, out=out, **run_kw).view(b, s_q, h, ref.CONTENT_DIM),)
+
+
+def flashinfer_us(q, kv_pages, block_table, cache_seqlens, *, cache=None, causal: bool = False,
+                  which=FI_KEYS) -> dict:
+    """FlashInfer's MLA decode on one row: ``{}`` where it does not run here (no GPU, not
+    importable), else ``dict(fi_bf16=µs, fi_fp8=µs, note=...)``: None for a kind not timed
+    (refused, failed or not asked for) and ``note`` the one-line reason of the first refusal
+    (None when none). ``cache``: our FP8 cache ``(kv, kv_scale)`` of ``kv_pages``
+    (``reference.quantize_kv_cache`` of them when not given), which the FP8 kind reads."""
+    fim = flashinfer_mla()
+    if fim is None:
+        return {}
+    b, s_q, h, _ = q.shape
+    expect = _dense_expect(q, kv_pages, block_table, cache_seqlens, causal)
+    times, why = dict.fromkeys(FI_KEYS), []
+    for kind in which:
+        label = f"FlashInfer {'BF16' if kind == 'fi_bf16' else 'FP8'} KV b{b} h{h} s_q{s_q}"
+
+        def make_call(kind=kind):  # the FP8 cache too: a failure (memory, say) is a note, not the bench's end
+            if kind == "fi_bf16":
+                return _fi_call(fim, kind, q, kv_pages, block_table, cache_seqlens, causal)
+            kv, kv_scale = cache if cache is not None else ref.quantize_kv_cache(kv_pages)
+            kv_fi, *scales = flashinfer_fp8_cache(kv, kv_scale)
+            return _fi_call(fim, kind, q, kv_fi, block_table, cache_seqlens, causal, scales)
+
+        def check(out, kind=kind, label=label):
+            _check(label, out[:CHECK_REQUESTS], expect(), PEER_TOLERANCE[kind])
+
+        reasons = []
+        times[kind] = _run(label, make_call, check, reasons)
+        why += [f"{'bf16' if kind == 'fi_bf16' else 'fp8'}: {r}" for r in reasons]
+    return dict(times, note=why[0][:120] if why else None)
+
+
+def flashinfer_sparse() -> dict:
+    """FlashInfer beside a sparse row: ``{}`` where it does not run here, else no figure and
+    why (its SM90 MLA decode is dense)."""
+    return {} if flashinfer_mla() is None else dict(fi_bf16=None, fi_fp8=None, note=FI_SPARSE_NOTE)
+
+
+def flashinfer_jit_report(device: str = "cuda") -> str | None:
+    """Plans a small row of each kind (BF16 and FP8 KV) in two threads, which builds
+    FlashInfer's two fa3 MLA JIT modules side by side where its cache does not hold them yet
+    (minutes) and loads them; one line with the seconds each took, the wall time, the version
+    and the JIT cache's folder. None where FlashInfer does not import (after the usual note)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fim = flashinfer_mla()
+    if fim is None:
+        return None
+    q = torch.zeros(1, 1, 16, ref.HEAD_DIM, dtype=torch.bfloat16, device=device)
+    kv = torch.zeros(2, 64, ref.HEAD_DIM, dtype=torch.bfloat16, device=device)
+    table = torch.arange(2, dtype=torch.int32, device=device)[None]
+    lens = torch.tensor([128], dtype=torch.int32, device=device)
+
+    def plan(kind, kv_kind):
+        FI_JIT_S.pop(kind, None)
+        _fi_call(fim, kind, q, kv_kind, table, lens, False)
+        return FI_JIT_S[kind]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        futures = {kind: pool.submit(plan, kind, k) for kind, k in (("fi_bf16", kv), ("fi_fp8", kv.to(ref.FP8)))}
+    parts = []
+    for kind, future in futures.items():
+        name = "BF16 KV" if kind == "fi_bf16" else "FP8 KV"
+        try:
+            parts.append(f"{name} {future.result():.1f} s")
+        except Exception as e:
+            parts.append(f"{name} failed ({_one_line(e)})")
+    wall = time.perf_counter() - started
+    try:
+        version = importlib.import_module("flashinfer").__version__
+        from flashinfer.jit import env as jit_env
+
+        where = str(jit_env.FLASHINFER_JIT_DIR)
+    except Exception as e:  # an attribute moved in another version: the times still stand
+        version, where = "?", f"? ({_one_line(e)})"
+    return (f"FlashInfer {version} fa3 MLA: first plan (JIT build or load) {', '.join(parts)} "
+            f"({wall:.1f} s wall, side by side); JIT cache {where}")

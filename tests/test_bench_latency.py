@@ -1,5 +1,6 @@
 """``snapmla-cute bench latency`` (CPU: no timing): the shape list, the H100 targets, rows
-built from made-up figures with FlashMLA absent, timed here or taken from the anchors, and
+built from made-up figures with FlashMLA absent, timed here or taken from the anchors, with
+FlashInfer absent (no columns) or present (its columns, a reason where it has no figure), and
 the command line."""
 
 import pytest
@@ -65,6 +66,20 @@ def test_sparse_latency_row(h, heads):
     assert row["peer_heads"] == heads and row["flashmla_fp8_us"] is None and row["met"] is True
 
 
+def test_latency_row_with_flashinfer():
+    spec = ("dense", 1, 128, 640)
+    fi = dict(fi_bf16=14.04, fi_fp8=None, note="fp8: ValueError: no")
+    row = bench_latency.latency_row(spec, 8.0, 6.0, 0.3, {}, anchors.peer_us("H100", 1, 128, 1, 640, False), 9.0, fi)
+    at = list(bench_latency.COLUMNS).index("peer_src") + 1
+    assert list(row) == [*bench_latency.COLUMNS[:at], *bench.FI_COLUMN_NAMES, *bench_latency.COLUMNS[at:]]
+    assert row["flashinfer_bf16_us"] == 14.0 and row["x_fi_bf16"] == 1.75
+    assert row["flashinfer_fp8_us"] is row["x_fi_fp8"] is None and row["fi_note"] == "fp8: ValueError: no"
+    # FlashInfer absent (or not asked for): the row has exactly COLUMNS, as without it
+    for absent in ({}, None):
+        row = bench_latency.latency_row(spec, 8.0, 6.0, 0.3, {}, {}, 9.0, absent)
+        assert list(row) == list(bench_latency.COLUMNS)
+
+
 def test_cli_accepts_bench_latency(monkeypatch, capsys):
     args = build_parser().parse_args(["bench", "latency"])
     assert args.what == "latency" and args.peers is True
@@ -82,17 +97,43 @@ def test_cli_accepts_bench_latency(monkeypatch, capsys):
     assert "sparse b8 h8 topk2048 of 8192" in capsys.readouterr().out
 
 
+def test_cli_prints_flashinfer_jit_line_with_peers(monkeypatch, capsys):
+    """With peers, ``bench latency`` / ``bench decode`` first plan FlashInfer (its JIT build)
+    and print that line; without FlashInfer, nothing but one stderr note."""
+    import torch
+    from test_peers import FakeFlashInferMLA, install_flashinfer
+
+    from snapmla_cute import peers
+
+    report = peers.flashinfer_jit_report
+    monkeypatch.setattr(peers, "flashinfer_jit_report", lambda: report(device="cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(peers, "_NOTED", set())
+    monkeypatch.setattr(bench, "device_copy_tbps", lambda: ("a GPU", 3.0))
+    monkeypatch.setattr(bench_latency, "bench_latency", lambda page_size, peers_here: [])
+    monkeypatch.setattr(bench, "bench_decode", lambda **kw: [])
+    install_flashinfer(monkeypatch, FakeFlashInferMLA())
+    for what in ("latency", "decode"):
+        assert main(["bench", what]) == 0
+        assert "FlashInfer 0.7.4 fa3 MLA: first plan" in capsys.readouterr().out
+    install_flashinfer(monkeypatch, None)
+    assert main(["bench", "latency"]) == 0
+    out = capsys.readouterr()
+    assert "FlashInfer" not in out.out and "import flashinfer.mla failed" in out.err
+
+
 @pytest.fixture
 def stand_ins(monkeypatch):
     """The benches' row paths on the CPU: our decode's data and outputs from the reference and
     the emulation, its timings made up (8 µs on the GPU, 6 µs on the host), an H100 by name,
-    FlashMLA the stand-in of test_peers (timed at 12 µs through ``peers``). Returns a function
-    that takes flash_mla away (as if not installed)."""
+    FlashMLA the stand-in of test_peers (timed at 12 µs through ``peers``), FlashInfer absent
+    (``test_peers.install_flashinfer`` puts its stand-in in). Returns a function that takes
+    flash_mla away (as if not installed)."""
     import sys
     import types
 
     import torch
-    from test_peers import FakeFlashMLA, dense_inputs, sparse_inputs
+    from test_peers import FakeFlashMLA, dense_inputs, install_flashinfer, sparse_inputs
 
     import snapmla_cute
     from snapmla_cute import bench_sparse, emulation, peers, sparse_reference, steps
@@ -130,6 +171,7 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(peers, "time_us", lambda call: (call(), 12.0)[1])
     monkeypatch.setattr(peers, "_NOTED", set())
     monkeypatch.setitem(sys.modules, "flash_mla", FakeFlashMLA())
+    install_flashinfer(monkeypatch, None)
     return lambda: monkeypatch.setitem(sys.modules, "flash_mla", None)
 
 
@@ -181,3 +223,24 @@ def test_bench_sparse_rows_on_stand_ins(stand_ins, monkeypatch):
     assert rows[0]["padded_h64_us"] == 17.1 and rows[0]["x_padded"] == round(17.1 / 8.0, 2) and rows[0]["peer_src"] == "anchors"
     rows = bench_sparse([(1, 128, 1, 2048, 8192)], dense=False)
     assert rows[0]["flashmla_sparse_us"] == 18.8 and rows[0]["met"] is True
+
+
+def test_bench_rows_with_flashinfer_on_stand_ins(stand_ins, monkeypatch):
+    """FlashInfer's stand-in in (timed at 12 µs): its columns beside FlashMLA's at every row,
+    our FP8 cache given to its FP8 kind, a sparse row with its reason; without flash_mla too."""
+    import torch
+    from test_peers import FakeFlashInferMLA, install_flashinfer
+
+    fake = FakeFlashInferMLA()
+    install_flashinfer(monkeypatch, fake)
+    shapes = [("dense", 1, 128, 640), ("sparse", 1, 8, 2048, 8192)]
+    for _ in range(2):
+        dense, sparse = bench_latency.bench_latency(shapes)
+        assert dense["flashinfer_fp8_us"] == dense["flashinfer_bf16_us"] == 12.0 and dense["x_fi_fp8"] == 1.5
+        assert dense["fi_note"] is None and list(dense) == list(sparse)
+        assert sparse["flashinfer_fp8_us"] is None and "no SM90 sparse" in sparse["fi_note"]
+        stand_ins()  # flash_mla gone: FlashInfer's columns stay
+    rows = bench.bench_decode([(1, 128, 1, 640, False), (2, 16, 2, 300, False)])
+    assert [r["x_fi_bf16"] for r in rows] == [1.5, 1.5] and rows[1]["fi_note"] is None
+    assert ("plan", torch.float8_e4m3fn) in fake.calls
+    assert "flashinfer_fp8_us" not in bench.bench_decode([(1, 128, 1, 640, False)], peers_here=False)[0]

@@ -65,6 +65,18 @@ def test_decode_peer_columns_and_target():
     assert cols["peer_src"] is None and anchors.target_us(figures, 10.0) is None
 
 
+def test_flashinfer_columns():
+    # FlashInfer absent or not asked for (``peers.flashinfer_us`` gives {}): no column at all
+    assert bench.flashinfer_columns(75.0, {}) == {}
+    cols = bench.flashinfer_columns(75.0, dict(fi_bf16=120.04, fi_fp8=90.0, note=None))
+    assert list(cols) == list(bench.FI_COLUMN_NAMES)
+    assert cols == dict(flashinfer_fp8_us=90.0, x_fi_fp8=1.2, flashinfer_bf16_us=120.0, x_fi_bf16=1.6, fi_note=None)
+    # a refused kind: no figure, the reason in one line
+    cols = bench.flashinfer_columns(75.0, dict(fi_bf16=None, fi_fp8=None, note="bf16: ValueError: page size"))
+    assert cols["flashinfer_bf16_us"] is cols["x_fi_bf16"] is cols["flashinfer_fp8_us"] is None
+    assert cols["fi_note"] == "bf16: ValueError: page size"
+
+
 def test_print_table_takes_every_rows_columns(capsys):
     bench.print_table([dict(shape="a", us=1.0), dict(shape="b", us=2.0, x_fp8=1.234)])
     out = capsys.readouterr().out

@@ -1,8 +1,9 @@
-"""The in-process FlashMLA timings (``snapmla_cute.peers``), on the CPU: None and one note when
-``flash_mla`` is absent or refuses a call; the inputs they build (per-tensor e4m3, the V3.2
-656-byte cache, heads padded to 64) decoded back by a stand-in ``flash_mla`` that computes
-what the real one is documented to; a wrong output raises. One GPU test runs the real peer
-where it is installed."""
+"""The in-process FlashMLA and FlashInfer timings (``snapmla_cute.peers``), on the CPU: None
+(FlashInfer: no figures at all) and one note when ``flash_mla`` / ``flashinfer`` is absent or
+refuses a call; the inputs they build (per-tensor e4m3, the V3.2 656-byte cache, heads padded
+to 64, FlashInfer's FP8 cache with per-128-channel scales and a one-scale e4m3 RoPE) decoded
+back by stand-ins that compute what the real ones are documented to; a wrong output raises.
+GPU tests run the real peers where they are installed."""
 
 import math
 import sys
@@ -202,3 +203,190 @@ def test_real_flash_mla_times_each_peer():
     assert all(v and v > 0 for v in figures.values()), figures
     qs, kvs, idx = (t.cuda() for t in sparse_inputs(h=8, topk=128, P=16))
     assert peers.sparse_fp8_us(qs, kvs, idx) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# FlashInfer (flashinfer.mla.BatchMLAPagedAttentionWrapper, backend "fa3", 0.7.4's interface)
+# --------------------------------------------------------------------------------------------
+
+
+def fi_fp8_tokens(kv_fi, ckv_scale_arr, kpe_scale):
+    """FlashInfer's FP8 MLA cache ``[P, ps, 576]`` back to fp32 tokens as its fa3 kernel
+    dequantizes them (``repack_fp8_kv_to_bf16`` in mla_hopper.cuh): content bf16(code · the
+    scale of its 128-channel group, in fp32), RoPE bf16(code) · bf16(kpe_scale) in bf16."""
+    P, ps, _ = kv_fi.shape
+    codes = kv_fi[..., :512].float().view(P, ps, 4, 128)
+    content = (codes * ckv_scale_arr[..., None]).view(P, ps, 512).bfloat16()
+    rope = kv_fi[..., 512:].bfloat16() * torch.tensor(kpe_scale).bfloat16()
+    return torch.cat([content, rope], -1).float()
+
+
+class FakeFlashInferMLA(types.ModuleType):
+    """Stands in for ``flashinfer.mla`` 0.7.4: its wrapper checks ``plan``'s and ``run``'s
+    arguments as that version's fa3 path takes them (CSR metadata, packed query and cache, FP8
+    scales) and computes the decode in float64 from what it is given (``wrong``: zeros;
+    ``refuse``: ``plan`` raises that message)."""
+
+    def __init__(self, wrong=False, refuse=None):
+        super().__init__("flashinfer.mla")
+        self.wrong, self.refuse, self.calls = wrong, refuse, []
+        fake = self
+
+        class MLAPlanMetadata(types.SimpleNamespace):
+            @classmethod
+            def csr(cls, qo_indptr, kv_indptr, kv_indices, kv_len_arr):
+                return cls(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_len_arr)
+
+        class BatchMLAPagedAttentionWrapper:
+            def __init__(self, float_workspace_buffer, use_cuda_graph=False, backend="auto"):
+                assert backend == "fa3" and not use_cuda_graph and float_workspace_buffer.dtype == torch.uint8
+
+            def plan(self, *, metadata, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale,
+                     q_data_type, kv_data_type, scale_mode="default"):
+                if fake.refuse:
+                    raise ValueError(fake.refuse)
+                m = metadata
+                assert all(t.dtype == torch.int32 for t in (m.qo_indptr, m.kv_indptr, m.kv_indices, m.kv_len_arr))
+                assert (head_dim_ckv, head_dim_kpe, q_data_type) == (512, 64, torch.bfloat16)
+                assert scale_mode == ("kv-per-tensor" if kv_data_type == FP8 else "default")
+                assert kv_data_type in (FP8, torch.bfloat16) and sm_scale == 576**-0.5
+                self.m, self.h, self.ps, self.causal, self.kv_dtype = m, num_heads, page_size, causal, kv_data_type
+                fake.calls.append(("plan", kv_data_type))
+
+            def run(self, *, query, kv_cache, out=None, ckv_scale_arr=None, kpe_scale=None):
+                m, n = self.m, int(self.m.qo_indptr[-1])
+                b = m.kv_len_arr.numel()
+                assert query.dtype == torch.bfloat16 and query.shape == (n, self.h, 576)
+                assert kv_cache.dtype == self.kv_dtype and kv_cache.shape[1:] == (self.ps, 576)
+                assert out.shape == (n, self.h, 512) and out.dtype == torch.bfloat16
+                if self.kv_dtype == FP8:
+                    assert ckv_scale_arr.shape == (*kv_cache.shape[:2], 4) and ckv_scale_arr.dtype == torch.float32
+                    assert ckv_scale_arr.is_contiguous() and isinstance(kpe_scale, float) and kpe_scale > 0
+                    tokens = fi_fp8_tokens(kv_cache, ckv_scale_arr, kpe_scale)
+                else:
+                    assert ckv_scale_arr is None and kpe_scale is None
+                    tokens = kv_cache
+                pages = (m.kv_indptr[1:] - m.kv_indptr[:-1]).tolist()
+                table = torch.zeros(b, max(pages), dtype=torch.int32)
+                for i, k in enumerate(pages):
+                    table[i, :k] = m.kv_indices[m.kv_indptr[i] : m.kv_indptr[i + 1]]
+                got = ref.mla_decode_exact(query.view(b, n // b, self.h, 576), tokens, table, m.kv_len_arr,
+                                           causal=self.causal)[0]
+                out.copy_(torch.zeros_like(out) if fake.wrong else got.view(n, self.h, 512).bfloat16())
+                fake.calls.append(("run", self.kv_dtype))
+                return out
+
+        self.BatchMLAPagedAttentionWrapper, self.MLAPlanMetadata = BatchMLAPagedAttentionWrapper, MLAPlanMetadata
+
+
+def install_flashinfer(monkeypatch, mla):
+    """``flashinfer`` as the peers import it: the package (a version, ``jit.env``'s cache
+    folder) and ``flashinfer.mla`` (``mla``; None: not installed)."""
+    if mla is None:
+        monkeypatch.setitem(sys.modules, "flashinfer.mla", None)
+        return
+    env = types.SimpleNamespace(FLASHINFER_JIT_DIR="/tmp/fi-ws/cached_ops")
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(__version__="0.7.4", mla=mla))
+    monkeypatch.setitem(sys.modules, "flashinfer.jit", types.SimpleNamespace(env=env))
+    monkeypatch.setitem(sys.modules, "flashinfer.mla", mla)
+
+
+def test_flashinfer_absent_gives_no_figures(fake_gpu, monkeypatch, capsys):
+    install_flashinfer(monkeypatch, None)
+    q, kv_pages, bt, lens = dense_inputs()
+    assert peers.flashinfer_us(q, kv_pages, bt, lens) == {}
+    assert peers.flashinfer_sparse() == {} and peers.flashinfer_jit_report() is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "import flashinfer.mla failed" in err[0]
+
+
+def test_flashinfer_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(peers, "_NOTED", set())
+    install_flashinfer(monkeypatch, FakeFlashInferMLA())
+    assert peers.flashinfer_us(*dense_inputs()) == {} and peers.flashinfer_sparse() == {}
+
+
+@pytest.mark.parametrize("s_q, causal", [(1, False), (2, True)])
+def test_flashinfer_times_checked_calls(fake_gpu, monkeypatch, s_q, causal):
+    fake = FakeFlashInferMLA()
+    install_flashinfer(monkeypatch, fake)
+    q, kv_pages, bt, lens = dense_inputs(s_q=s_q, lens=(130, 300))
+    cache = ref.quantize_kv_cache(kv_pages)
+    assert peers.flashinfer_us(q, kv_pages, bt, lens, cache=cache, causal=causal) == dict(fi_bf16=7.5, fi_fp8=7.5, note=None)
+    bf, f8 = torch.bfloat16, FP8
+    assert fake.calls == [("plan", bf), ("run", bf), ("run", bf), ("plan", f8), ("run", f8), ("run", f8)]
+    # without the cache: our quantization of the tokens, the same bytes
+    assert peers.flashinfer_us(q, kv_pages, bt, lens, causal=causal, which=("fi_fp8",))["fi_fp8"] == 7.5
+    assert peers.flashinfer_sparse() == dict(fi_bf16=None, fi_fp8=None, note=peers.FI_SPARSE_NOTE)
+
+
+def test_flashinfer_refusal_is_a_one_line_note(fake_gpu, monkeypatch, capsys):
+    install_flashinfer(monkeypatch, FakeFlashInferMLA(refuse="fa3 MLA requires head_dim_ckv in (128, 256, 512).\nmore text"))
+    figures = peers.flashinfer_us(*dense_inputs())
+    assert figures["fi_bf16"] is figures["fi_fp8"] is None
+    assert figures["note"] == "bf16: ValueError: fa3 MLA requires head_dim_ckv in (128, 256, 512)."
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("FlashInfer" in e and "more text" not in e for e in err)
+
+
+def test_a_wrong_flashinfer_output_raises(fake_gpu, monkeypatch):
+    install_flashinfer(monkeypatch, FakeFlashInferMLA(wrong=True))
+    with pytest.raises(peers.PeerMismatch, match="FlashInfer BF16 KV"):
+        peers.flashinfer_us(*dense_inputs())
+    with pytest.raises(peers.PeerMismatch, match="FlashInfer FP8 KV"):
+        peers.flashinfer_us(*dense_inputs(), which=("fi_fp8",))
+
+
+def test_flashinfer_jit_report_plans_each_kind(fake_gpu, monkeypatch):
+    fake = FakeFlashInferMLA()
+    install_flashinfer(monkeypatch, fake)
+    line = peers.flashinfer_jit_report(device="cpu")
+    assert line.startswith("FlashInfer 0.7.4 fa3 MLA: first plan (JIT build or load) BF16 KV ")
+    assert "FP8 KV" in line and "s wall, side by side); JIT cache /tmp/fi-ws/cached_ops" in line
+    assert sorted(fake.calls, key=str) == [("plan", torch.bfloat16), ("plan", FP8)]
+
+
+def test_flashinfer_csr_from_a_block_table():
+    table = torch.tensor([[5, 2, 9], [7, 0, 0], [3, 4, 0]], dtype=torch.int32)
+    qo, kv_indptr, kv_indices, lens = peers._csr(table, torch.tensor([130, 64, 65], dtype=torch.int32), 64, 2)
+    assert qo.tolist() == [0, 2, 4, 6] and kv_indptr.tolist() == [0, 3, 4, 6]
+    assert kv_indices.tolist() == [5, 2, 9, 7, 3, 4] and lens.tolist() == [130, 64, 65]
+    assert all(t.dtype == torch.int32 for t in (qo, kv_indptr, kv_indices, lens))
+
+
+def test_flashinfer_fp8_cache_maps_our_scales():
+    """Our per-token scale becomes FlashInfer's per-128-channel scales by repetition (the
+    content codes are ours byte for byte, so its content equals our dequantized content); its
+    RoPE is e4m3 under one power-of-two scale for the whole cache."""
+    kv_pages = (torch.randn(3, 64, 576) / 10).to(torch.bfloat16)
+    kv_pages[1, :, 512:] *= 30  # RoPE far larger than the content on one page
+    kv, kv_scale = ref.quantize_kv_cache(kv_pages)
+    kv_fi, scale_arr, kpe_scale = peers.flashinfer_fp8_cache(kv, kv_scale)
+    assert kv_fi.shape == (3, 64, 576) and kv_fi.dtype == FP8 and kv_fi.is_contiguous()
+    assert torch.equal(kv_fi[..., :512].view(torch.uint8), kv[..., :512])
+    assert scale_arr.shape == (3, 64, 4) and scale_arr.is_contiguous()
+    assert torch.equal(scale_arr, kv_scale[..., None].expand(3, 64, 4))
+    content, rope = ref.unpack_kv_rows(kv)
+    ours = ref.dequantize_rows(content, rope, kv_scale).float()
+    rope_values = rope.float() * kv_scale[..., None]
+    assert math.log2(kpe_scale) == int(math.log2(kpe_scale))
+    assert kpe_scale >= float(rope_values.abs().max()) / 448 > kpe_scale / 2
+    assert float(kv_fi[..., 512:].float().abs().max()) <= 448
+    theirs = fi_fp8_tokens(kv_fi, scale_arr, kpe_scale)
+    assert torch.equal(theirs[..., :512], ours[..., :512])
+    assert ref.rel_l2(theirs[..., 512:], rope_values) < 0.05
+    # converted a page at a time: the same bytes
+    again = peers.flashinfer_fp8_cache(kv, kv_scale, chunk=64 * 640)
+    assert torch.equal(again[0].view(torch.uint8), kv_fi.view(torch.uint8)) and again[2] == kpe_scale
+
+
+@pytest.mark.gpu
+def test_real_flashinfer_times_each_kind():
+    pytest.importorskip("flashinfer.mla")
+    torch.manual_seed(0)
+    q, kv_pages, bt, lens = (t.cuda() for t in dense_inputs(h=64, lens=(300, 1000)))
+    for s_q, causal in ((1, False), (2, True)):
+        qs = torch.randn(2, s_q, 64, 576, device="cuda").to(torch.bfloat16)
+        figures = peers.flashinfer_us(qs, kv_pages, bt, lens, causal=causal)
+        assert figures["fi_bf16"] > 0 and figures["fi_fp8"] > 0 and figures["note"] is None, figures
