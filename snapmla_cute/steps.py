@@ -73,9 +73,10 @@ def step_args(q, table, lengths, out, lse, cache_args, metadata, softmax_scale, 
     builds its views. The softmax scale arrives in the log2 domain."""
     scale = DEFAULT_SCALE_LOG2 if softmax_scale is None else softmax_scale * LOG2E
     if isinstance(q, (tuple, list)):
-        q_nope, q_rope, q_scale = q[:3]
-        return False, StepArgs(q_nope, q_rope, q_scale, table, lengths, out, lse, *cache_args, *metadata.step_args,
-                               scale, visible, None, q[3] if len(q) > 3 else None)
+        if len(q) not in (3, 4):  # the hot path then takes the full one, whose checks say what is wrong
+            raise TypeError(f"q: expected (q_nope, q_rope, q_scale[, q_lo]), got {len(q)} tensors")
+        return False, StepArgs(q[0], q[1], q[2], table, lengths, out, lse, *cache_args, *metadata.step_args, scale,
+                               visible, None, q[3] if len(q) > 3 else None)
     q_nope, q_rope, q_scale = metadata.q_args
     return True, StepArgs(q_nope, q_rope, q_scale, table, lengths, out, lse, *cache_args, *metadata.step_args, scale,
                           visible, q, None)

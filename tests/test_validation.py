@@ -114,6 +114,8 @@ def test_step_arguments_one_builder_for_every_path():
     # quantized query's place
     assert bf16_q is True and args[:3] == (t[2], t[3], t[4]) and args.q is q and args.q_lo is None
     assert args.scale_log2 == pytest.approx(0.1 * math.log2(math.e))
+    with pytest.raises(TypeError, match="q_nope"):  # a short tuple: the hot path falls back to the checks
+        step_args(qq[:2], bt, lens, out, lse, cache, md, None)
 
 
 @pytest.fixture
