@@ -76,7 +76,7 @@ class Epilogue:
         inv = cute.make_rmem_tensor((rows_per_thr,), Float32)
         for i in cutlass.range_constexpr(rows_per_thr):
             row = m_tile * L.M_TILE + c_o_mn[i, 0][0]
-            inv[i], lse = self.merger.row_lse(row_max[i], sigma_p[i], row_sum[i], end.any_blocks)
+            lse = self.merger.row_lse(inv, i, row_max[i], sigma_p[i], row_sum[i], end.any_blocks)
             # a split's LSE is written by both WGs (the same value); the CTA counts its
             # split only after both WGs' writes (finish_split)
             if row < cfg.rows and wg_tidx % 4 == 0:
@@ -158,7 +158,7 @@ class Epilogue:
         inv = cute.make_rmem_tensor((rows_per_thr,), Float32)
         lse = cute.make_rmem_tensor((rows_per_thr,), Float32)
         for i in cutlass.range_constexpr(rows_per_thr):
-            inv[i], lse[i] = self.merger.row_lse(row_max[i], sigma_p[i], row_sum[i], end.any_blocks)
+            self.merger.row_lse_into(inv, lse, i, row_max[i], sigma_p[i], row_sum[i], end.any_blocks)
         # laundered like wg_tidx: values hoisted above the block loop were spilled there
         rank = ptx.launder(cute.arch.block_idx_in_cluster(), req)
         mbar_addr = ptx.launder(mbar_addr, req)

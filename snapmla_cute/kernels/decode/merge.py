@@ -62,18 +62,38 @@ class Merger:
     io: DecodeOutputs
 
     @cute.jit
-    def row_lse(self, row_max: Float32, sigma_p: Float32, row_sum: Float32, any_blocks):
-        """(1/ℓ, LSE) of one row from its softmax state (m in log2 units, σ_p, ℓ): the natural
-        log of Σ exp(s) = 2^m·σ_p·ℓ; (0, -inf) for a row with no key (ℓ = 0, or no block)."""
+    def lse_of(self, row_max: Float32, sigma_p: Float32, ell: Float32) -> Float32:
+        """A row's LSE from its softmax state (m in log2 units, σ_p, ℓ > 0): the natural log of
+        Σ exp(s) = 2^m·σ_p·ℓ. Every path's final LSE is this one (``row_lse``,
+        ``row_lse_into``)."""
+        return (row_max + cute.math.log2(sigma_p * ell, fastmath=False)) * Float32(LN2)
+
+    @cute.jit
+    def row_lse(self, inv: cute.Tensor, i: int, row_max: Float32, sigma_p: Float32, row_sum: Float32, any_blocks):
+        """Row ``i``'s 1/ℓ into ``inv[i]`` and its LSE returned; (0, -inf) for a row with no
+        key (ℓ = 0, or no block)."""
         ell = row_sum
         if not any_blocks:
             ell = 0.0
-        inv = Float32(0.0)
+        inv[i] = Float32(0.0)
         lse = -Float32.inf
         if ell > 0.0:
-            inv = Float32(1.0) / ell
-            lse = (row_max + cute.math.log2(sigma_p * ell, fastmath=False)) * Float32(LN2)
-        return inv, lse
+            inv[i] = Float32(1.0) / ell
+            lse = self.lse_of(row_max, sigma_p, ell)
+        return lse
+
+    @cute.jit
+    def row_lse_into(self, inv: cute.Tensor, lse: cute.Tensor, i: int, row_max: Float32, sigma_p: Float32,
+                     row_sum: Float32, any_blocks):
+        """``row_lse`` with the LSE into ``lse[i]`` (the cluster epilogue keeps every row's)."""
+        ell = row_sum
+        if not any_blocks:
+            ell = 0.0
+        inv[i] = Float32(0.0)
+        lse[i] = -Float32.inf
+        if ell > 0.0:
+            inv[i] = Float32(1.0) / ell
+            lse[i] = self.lse_of(row_max, sigma_p, ell)
 
     @cute.jit
     def merger_count(self, n_splits: Int32, helpers: Int32, req: Int32, batch: Int32):
