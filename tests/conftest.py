@@ -18,8 +18,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def seed():
-    """A fresh seed per test run (printed on failure) so each run draws new inputs."""
-    s = int.from_bytes(os.urandom(4), "little")
+    """A fresh seed per test run (printed on failure) so each run draws new inputs;
+    ``SNAPMLA_SEED`` replays a printed one."""
+    s = int(os.environ["SNAPMLA_SEED"]) if os.environ.get("SNAPMLA_SEED") else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(s)
     print(f"seed={s}")
     return s
