@@ -55,8 +55,8 @@ def test_fingerprint_covers_every_source_run_while_tracing_the_decode():
     r = subprocess.run([sys.executable, "-c", _PROFILE], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     run = {Path(f).resolve() for f in json.loads(r.stdout.splitlines()[-1]) if _ours(f)}
-    # the roles and the layouts are among them (what the old key missed)
-    assert any(p.name == "roles.py" for p in run) and any(p.name == "transpose.py" for p in run)
+    # the pipelines and the layouts are among them (what the old key missed)
+    assert any(p.name == "handshakes.py" for p in run) and any(p.name == "transpose.py" for p in run)
     assert not run - _covered(), sorted(map(str, run - _covered()))
 
 
