@@ -24,6 +24,9 @@ for s_q > 1 as FlashMLA's:
   RoPE, which it takes in e4m3 under ONE scale for the whole cache (``kpe_scale``): our bf16
   RoPE times the token's scale, quantized to e4m3 under a power-of-two per-tensor scale. That
   RoPE rounding is FlashInfer's format, not ours (ours keeps the RoPE in bf16).
+* ``fi_fp8_tensor`` — FP8 KV with one scale for the whole cache (``ckv_scale``, ``kpe_scale``:
+  ``flashinfer_fp8_tensor_cache``), FlashMLA's dense FP8 format. Not a bench column: what its
+  per-token scale array costs (``profiles/experiments/flashinfer_fp8.py``).
 
 FlashInfer compiles its kernels at first use (nvcc, ninja; ``flashinfer_jit_report`` times
 it); ``profiles/flashinfer_bundle.sh`` packs it for a machine without a registry. There is no
@@ -53,7 +56,8 @@ from snapmla_cute.timing import time_us
 
 # rel-L2 against float64 exact attention above which the peer's call is wrong, not inexact:
 # its BF16 decode rounds only the output; the FP8 ones round q, K, V (and P) to e4m3
-PEER_TOLERANCE = {"bf16": 2e-2, "dense_fp8": 0.1, "sparse_fp8": 0.1, "fi_bf16": 2e-2, "fi_fp8": 0.1}
+PEER_TOLERANCE = {"bf16": 2e-2, "dense_fp8": 0.1, "sparse_fp8": 0.1, "fi_bf16": 2e-2, "fi_fp8": 0.1,
+                  "fi_fp8_tensor": 0.1}
 CHECK_REQUESTS = 2  # requests compared with the reference (the first ones)
 V32_BYTES = 512 + 4 * 4 + 2 * 64  # 512 e4m3, four fp32 tile scales, 64 bf16 RoPE = 656
 V32_TILE = 128
@@ -272,7 +276,8 @@ def sparse_fp8_us(q, kv_pages, indices, *, topk_length=None) -> float | None:
 # FlashInfer's MLA decode: BatchMLAPagedAttentionWrapper, backend "fa3" (SM90), 0.7.x
 # --------------------------------------------------------------------------------------------
 
-FI_KEYS = ("fi_bf16", "fi_fp8")
+FI_KEYS = ("fi_bf16", "fi_fp8")  # the benches' columns
+FI_NAMES = {"fi_bf16": "BF16", "fi_fp8": "FP8", "fi_fp8_tensor": "FP8 per-tensor"}
 FI_WORKSPACE_BYTES = 128 << 20  # its float workspace (partial outputs of split rows); 128 MiB as its docs start
 FI_SPARSE_NOTE = "FlashInfer has no SM90 sparse MLA decode (its fa3 MLA is dense)"
 FI_JIT_S: dict = {}  # seconds of the first plan of each kind in this process (its JIT build or load)
@@ -324,6 +329,28 @@ def flashinfer_fp8_cache(kv: torch.Tensor, kv_scale: torch.Tensor, chunk: int = 
     return kv_fi, ckv_scale_arr, kpe_scale
 
 
+def flashinfer_fp8_tensor_cache(kv_pages: torch.Tensor, chunk: int = 1 << 24):
+    """bf16 tokens ``kv_pages [P, ps, 576]`` as FlashInfer's FP8 MLA cache under one scale per
+    tensor, FlashMLA's dense FP8 format: ``(kv_fi e4m3 [P, ps, 576], ckv_scale, kpe_scale)``,
+    the content and the RoPE each under 2^ceil(log2(amax / 448)) (powers of two: its kernel
+    rounds both scales to bf16). Converted ``chunk`` tokens' worth at a time."""
+    P, ps, _ = kv_pages.shape
+    step = max(1, chunk // (ps * ref.HEAD_DIM))
+    scales = []
+    for part in (slice(None, ref.CONTENT_DIM), slice(ref.CONTENT_DIM, None)):
+        amax = torch.zeros((), dtype=torch.float32, device=kv_pages.device)
+        for i in range(0, P, step):
+            x = kv_pages[i : i + step, :, part]
+            amax = torch.maximum(amax, torch.maximum(x.max(), -x.min()).float())
+        scales.append(float(torch.exp2(torch.ceil(torch.log2(amax.clamp(min=ref.AMAX_FLOOR) / ref.FP8_MAX)))))
+    kv_fi = torch.empty(P, ps, ref.HEAD_DIM, dtype=ref.FP8, device=kv_pages.device)
+    for i in range(0, P, step):
+        x = kv_pages[i : i + step].float()
+        kv_fi[i : i + step, :, : ref.CONTENT_DIM] = ref.to_e4m3(x[..., : ref.CONTENT_DIM] / scales[0])
+        kv_fi[i : i + step, :, ref.CONTENT_DIM :] = ref.to_e4m3(x[..., ref.CONTENT_DIM :] / scales[1])
+    return kv_fi, scales[0], scales[1]
+
+
 def _csr(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int, s_q: int):
     """The CSR metadata FlashInfer's fa3 plan takes, from a block table: ``qo_indptr``
     (s_q rows a request), ``kv_indptr`` and ``kv_indices`` (each request's pages in order) and
@@ -339,11 +366,12 @@ def _csr(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int,
     return qo_indptr, kv_indptr, kv_indices, lens.to(torch.int32)
 
 
-def _fi_call(fim, kind, q, kv, block_table, cache_seqlens, causal, scales=None):
-    """A planned wrapper's call on the row: returns ``() -> (out [b, s_q, h, 512],)``. The first
-    plan of each kind in the process builds (or loads) its JIT module: timed into ``FI_JIT_S``."""
+def _fi_call(fim, kind, q, kv, block_table, cache_seqlens, causal, run_kw=None):
+    """A planned wrapper's call on the row: returns ``() -> (out [b, s_q, h, 512],)``;
+    ``run_kw`` its FP8 scales. The first plan of each kind in the process builds (or loads) its
+    JIT module: timed into ``FI_JIT_S``."""
     b, s_q, h, _ = q.shape
-    fp8 = kind == "fi_fp8"
+    fp8 = kind != "fi_bf16"
     wrapper = fim.BatchMLAPagedAttentionWrapper(
         torch.empty(FI_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device), backend="fa3")
     started = time.perf_counter()
@@ -355,39 +383,44 @@ def _fi_call(fim, kind, q, kv, block_table, cache_seqlens, causal, scales=None):
     FI_JIT_S.setdefault(kind, time.perf_counter() - started)
     query = q.reshape(b * s_q, h, ref.HEAD_DIM)
     out = q.new_empty(b * s_q, h, ref.CONTENT_DIM)
-    run_kw = dict(ckv_scale_arr=scales[0], kpe_scale=scales[1]) if scales else {}
+    run_kw = run_kw or {}
     return lambda: (wrapper.run(query=query, kv_cache=kv, out=out, **run_kw).view(b, s_q, h, ref.CONTENT_DIM),)
 
 
 def flashinfer_us(q, kv_pages, block_table, cache_seqlens, *, cache=None, causal: bool = False,
                   which=FI_KEYS) -> dict:
     """FlashInfer's MLA decode on one row: ``{}`` where it does not run here (no GPU, not
-    importable), else ``dict(fi_bf16=µs, fi_fp8=µs, note=...)``: None for a kind not timed
-    (refused, failed or not asked for) and ``note`` the one-line reason of the first refusal
-    (None when none). ``cache``: our FP8 cache ``(kv, kv_scale)`` of ``kv_pages``
+    importable), else ``dict(fi_bf16=µs, fi_fp8=µs, note=...)`` (and ``fi_fp8_tensor`` where
+    ``which`` names it): None for a kind not timed (refused, failed or not asked for) and
+    ``note`` the one-line reason of the first refusal (None when none). ``cache``: our FP8 cache ``(kv, kv_scale)`` of ``kv_pages``
     (``reference.quantize_kv_cache`` of them when not given), which the FP8 kind reads."""
     fim = flashinfer_mla()
     if fim is None:
         return {}
     b, s_q, h, _ = q.shape
     expect = _dense_expect(q, kv_pages, block_table, cache_seqlens, causal)
-    times, why = dict.fromkeys(FI_KEYS), []
+    times, why = dict.fromkeys((*FI_KEYS, *which)), []
     for kind in which:
-        label = f"FlashInfer {'BF16' if kind == 'fi_bf16' else 'FP8'} KV b{b} h{h} s_q{s_q}"
+        label = f"FlashInfer {FI_NAMES[kind]} KV b{b} h{h} s_q{s_q}"
 
         def make_call(kind=kind):  # the FP8 cache too: a failure (memory, say) is a note, not the bench's end
             if kind == "fi_bf16":
                 return _fi_call(fim, kind, q, kv_pages, block_table, cache_seqlens, causal)
+            if kind == "fi_fp8_tensor":
+                kv_fi, ckv, kpe = flashinfer_fp8_tensor_cache(kv_pages)
+                return _fi_call(fim, kind, q, kv_fi, block_table, cache_seqlens, causal,
+                                dict(ckv_scale=ckv, kpe_scale=kpe))
             kv, kv_scale = cache if cache is not None else ref.quantize_kv_cache(kv_pages)
-            kv_fi, *scales = flashinfer_fp8_cache(kv, kv_scale)
-            return _fi_call(fim, kind, q, kv_fi, block_table, cache_seqlens, causal, scales)
+            kv_fi, arr, kpe = flashinfer_fp8_cache(kv, kv_scale)
+            return _fi_call(fim, kind, q, kv_fi, block_table, cache_seqlens, causal,
+                            dict(ckv_scale_arr=arr, kpe_scale=kpe))
 
         def check(out, kind=kind, label=label):
             _check(label, out[:CHECK_REQUESTS], expect(), PEER_TOLERANCE[kind])
 
         reasons = []
         times[kind] = _run(label, make_call, check, reasons)
-        why += [f"{'bf16' if kind == 'fi_bf16' else 'fp8'}: {r}" for r in reasons]
+        why += [f"{FI_NAMES[kind].lower()}: {r}" for r in reasons]
     return dict(times, note=why[0][:120] if why else None)
 
 

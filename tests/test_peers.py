@@ -253,18 +253,23 @@ class FakeFlashInferMLA(types.ModuleType):
                 self.m, self.h, self.ps, self.causal, self.kv_dtype = m, num_heads, page_size, causal, kv_data_type
                 fake.calls.append(("plan", kv_data_type))
 
-            def run(self, *, query, kv_cache, out=None, ckv_scale_arr=None, kpe_scale=None):
+            def run(self, *, query, kv_cache, out=None, ckv_scale=None, ckv_scale_arr=None, kpe_scale=None):
                 m, n = self.m, int(self.m.qo_indptr[-1])
                 b = m.kv_len_arr.numel()
                 assert query.dtype == torch.bfloat16 and query.shape == (n, self.h, 576)
                 assert kv_cache.dtype == self.kv_dtype and kv_cache.shape[1:] == (self.ps, 576)
                 assert out.shape == (n, self.h, 512) and out.dtype == torch.bfloat16
                 if self.kv_dtype == FP8:
+                    assert (ckv_scale is None) != (ckv_scale_arr is None)  # exactly one, as 0.7.4 asks
+                    assert isinstance(kpe_scale, float) and kpe_scale > 0
+                    if ckv_scale is not None:
+                        assert isinstance(ckv_scale, float) and ckv_scale > 0
+                        ckv_scale_arr = torch.full((*kv_cache.shape[:2], 4), ckv_scale)
                     assert ckv_scale_arr.shape == (*kv_cache.shape[:2], 4) and ckv_scale_arr.dtype == torch.float32
-                    assert ckv_scale_arr.is_contiguous() and isinstance(kpe_scale, float) and kpe_scale > 0
+                    assert ckv_scale_arr.is_contiguous()
                     tokens = fi_fp8_tokens(kv_cache, ckv_scale_arr, kpe_scale)
                 else:
-                    assert ckv_scale_arr is None and kpe_scale is None
+                    assert ckv_scale is ckv_scale_arr is kpe_scale is None
                     tokens = kv_cache
                 pages = (m.kv_indptr[1:] - m.kv_indptr[:-1]).tolist()
                 table = torch.zeros(b, max(pages), dtype=torch.int32)
@@ -319,6 +324,36 @@ def test_flashinfer_times_checked_calls(fake_gpu, monkeypatch, s_q, causal):
     # without the cache: our quantization of the tokens, the same bytes
     assert peers.flashinfer_us(q, kv_pages, bt, lens, causal=causal, which=("fi_fp8",))["fi_fp8"] == 7.5
     assert peers.flashinfer_sparse() == dict(fi_bf16=None, fi_fp8=None, note=peers.FI_SPARSE_NOTE)
+
+
+def test_flashinfer_per_tensor_fp8_kind(fake_gpu, monkeypatch):
+    """``fi_fp8_tensor`` (not a bench column): FP8 KV under one scale per tensor, timed only
+    when asked for, checked like the others."""
+    fake = FakeFlashInferMLA()
+    install_flashinfer(monkeypatch, fake)
+    q, kv_pages, bt, lens = dense_inputs(lens=(130, 300))
+    got = peers.flashinfer_us(q, kv_pages, bt, lens, which=("fi_fp8_tensor",))
+    assert got == dict(fi_bf16=None, fi_fp8=None, fi_fp8_tensor=7.5, note=None)
+    assert fake.calls == [("plan", FP8), ("run", FP8), ("run", FP8)]
+    install_flashinfer(monkeypatch, FakeFlashInferMLA(wrong=True))
+    with pytest.raises(peers.PeerMismatch, match="FlashInfer FP8 per-tensor KV"):
+        peers.flashinfer_us(q, kv_pages, bt, lens, which=("fi_fp8_tensor",))
+
+
+def test_flashinfer_fp8_tensor_cache():
+    """One power-of-two scale for the content and one for the RoPE (its kernel rounds both
+    to bf16); every code under 448; the same bytes converted a page at a time."""
+    kv_pages = (torch.randn(3, 64, 576) / 10).to(torch.bfloat16)
+    kv_pages[1, :, 512:] *= 30
+    kv_fi, ckv, kpe = peers.flashinfer_fp8_tensor_cache(kv_pages)
+    assert kv_fi.shape == (3, 64, 576) and kv_fi.dtype == FP8
+    for scale, part in ((ckv, kv_pages[..., :512]), (kpe, kv_pages[..., 512:])):
+        assert math.log2(scale) == int(math.log2(scale))
+        assert scale >= float(part.float().abs().max()) / 448 > scale / 2
+    theirs = fi_fp8_tokens(kv_fi, torch.full((3, 64, 4), ckv), kpe)
+    assert ref.rel_l2(theirs, kv_pages.float()) < 0.05
+    again = peers.flashinfer_fp8_tensor_cache(kv_pages, chunk=64 * 576)
+    assert torch.equal(again[0].view(torch.uint8), kv_fi.view(torch.uint8)) and again[1:] == (ckv, kpe)
 
 
 def test_flashinfer_refusal_is_a_one_line_note(fake_gpu, monkeypatch, capsys):
@@ -388,5 +423,5 @@ def test_real_flashinfer_times_each_kind():
     q, kv_pages, bt, lens = (t.cuda() for t in dense_inputs(h=64, lens=(300, 1000)))
     for s_q, causal in ((1, False), (2, True)):
         qs = torch.randn(2, s_q, 64, 576, device="cuda").to(torch.bfloat16)
-        figures = peers.flashinfer_us(qs, kv_pages, bt, lens, causal=causal)
-        assert figures["fi_bf16"] > 0 and figures["fi_fp8"] > 0 and figures["note"] is None, figures
+        figures = peers.flashinfer_us(qs, kv_pages, bt, lens, causal=causal, which=(*peers.FI_KEYS, "fi_fp8_tensor"))
+        assert all(figures[k] > 0 for k in (*peers.FI_KEYS, "fi_fp8_tensor")) and figures["note"] is None, figures
