@@ -293,12 +293,12 @@ def decode_one(
         ell = gamma * ell + ell_cur
         m, sigma_p = m_new, sigma_cur
     empty = ell == 0
+    ell_safe = torch.where(empty, torch.ones_like(ell), ell)
     # o·fp32(1/ℓ), the epilogue's order (one reciprocal per row, then a multiply): o/ℓ is an
     # fp32 ulp away for some ℓ, which flips the bf16 rounding of outputs near a midpoint (a
     # one-token request's code·σ_k: a fifth of its outputs in one test draw)
-    inv_ell = 1.0 / torch.where(empty, torch.ones_like(ell), ell)
-    out = torch.where(empty[:, None], torch.zeros_like(o), o * inv_ell[:, None])
-    lse2 = m + torch.log2(sigma_p * torch.where(empty, 1.0, ell))  # line 14: L = m + log(σ_p ℓ)
+    out = torch.where(empty[:, None], torch.zeros_like(o), o * (1.0 / ell_safe)[:, None])
+    lse2 = m + torch.log2(sigma_p * ell_safe)  # line 14: L = m + log(σ_p ℓ)
     lse = torch.where(empty, torch.tensor(-math.inf, device=dev), lse2 / LOG2E)
     return out, lse
 

@@ -305,6 +305,12 @@ def _rope_values(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
     return kv[..., ref.CONTENT_DIM :].contiguous().view(torch.bfloat16).float() * kv_scale.unsqueeze(-1)
 
 
+def _pow2_scale(amax: torch.Tensor) -> float:
+    """2^ceil(log2(amax / 448)): a per-tensor e4m3 scale FlashInfer's kernel keeps exactly (it
+    rounds its scales to bf16 before it multiplies)."""
+    return float(torch.exp2(torch.ceil(torch.log2(amax.clamp(min=ref.AMAX_FLOOR) / ref.FP8_MAX))))
+
+
 def flashinfer_fp8_cache(kv: torch.Tensor, kv_scale: torch.Tensor, chunk: int = 1 << 24):
     """Our FP8 cache (``kv`` uint8 ``[P, ps, 640]``, ``kv_scale`` fp32 ``[P, ps]``) as FlashInfer's
     FP8 MLA cache, the same tokens: ``(kv_fi e4m3 [P, ps, 576], ckv_scale_arr fp32 [P, ps, 4],
@@ -319,7 +325,7 @@ def flashinfer_fp8_cache(kv: torch.Tensor, kv_scale: torch.Tensor, chunk: int = 
     amax = torch.zeros((), dtype=torch.float32, device=kv.device)
     for i in range(0, P, step):
         amax = torch.maximum(amax, _rope_values(kv[i : i + step], kv_scale[i : i + step]).abs().max())
-    kpe_scale = float(torch.exp2(torch.ceil(torch.log2(amax.clamp(min=ref.AMAX_FLOOR) / ref.FP8_MAX))))
+    kpe_scale = _pow2_scale(amax)
     kv_fi = torch.empty(P, ps, ref.HEAD_DIM, dtype=ref.FP8, device=kv.device)
     for i in range(0, P, step):
         part = kv[i : i + step]
@@ -333,7 +339,7 @@ def flashinfer_fp8_tensor_cache(kv_pages: torch.Tensor, chunk: int = 1 << 24):
     """bf16 tokens ``kv_pages [P, ps, 576]`` as FlashInfer's FP8 MLA cache under one scale per
     tensor, FlashMLA's dense FP8 format: ``(kv_fi e4m3 [P, ps, 576], ckv_scale, kpe_scale)``,
     the content and the RoPE each under 2^ceil(log2(amax / 448)) (powers of two: its kernel
-    rounds both scales to bf16). Converted ``chunk`` tokens' worth at a time."""
+    rounds both scales to bf16). Converted ``chunk`` values of ``kv_pages`` at a time."""
     P, ps, _ = kv_pages.shape
     step = max(1, chunk // (ps * ref.HEAD_DIM))
     scales = []
@@ -342,7 +348,7 @@ def flashinfer_fp8_tensor_cache(kv_pages: torch.Tensor, chunk: int = 1 << 24):
         for i in range(0, P, step):
             x = kv_pages[i : i + step, :, part]
             amax = torch.maximum(amax, torch.maximum(x.max(), -x.min()).float())
-        scales.append(float(torch.exp2(torch.ceil(torch.log2(amax.clamp(min=ref.AMAX_FLOOR) / ref.FP8_MAX)))))
+        scales.append(_pow2_scale(amax))
     kv_fi = torch.empty(P, ps, ref.HEAD_DIM, dtype=ref.FP8, device=kv_pages.device)
     for i in range(0, P, step):
         x = kv_pages[i : i + step].float()
@@ -392,8 +398,9 @@ def flashinfer_us(q, kv_pages, block_table, cache_seqlens, *, cache=None, causal
     """FlashInfer's MLA decode on one row: ``{}`` where it does not run here (no GPU, not
     importable), else ``dict(fi_bf16=µs, fi_fp8=µs, note=...)`` (and ``fi_fp8_tensor`` where
     ``which`` names it): None for a kind not timed (refused, failed or not asked for) and
-    ``note`` the one-line reason of the first refusal (None when none). ``cache``: our FP8 cache ``(kv, kv_scale)`` of ``kv_pages``
-    (``reference.quantize_kv_cache`` of them when not given), which the FP8 kind reads."""
+    ``note`` the one-line reason of the first refusal (None when none). ``cache``: our FP8
+    cache ``(kv, kv_scale)`` of ``kv_pages`` (``reference.quantize_kv_cache`` of them when not
+    given), which the FP8 kind reads."""
     fim = flashinfer_mla()
     if fim is None:
         return {}
